@@ -1,0 +1,1 @@
+"""Data: chat tokenization, validation and the index-backed dataset."""

@@ -1,0 +1,58 @@
+"""Atomic writes: outputs appear under their final name complete, or not at all."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def _temp_sibling(path: Path, is_dir: bool) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{path.name}.tmp-"
+    if is_dir:
+        return Path(tempfile.mkdtemp(prefix=prefix, dir=path.parent))
+    fd, name = tempfile.mkstemp(prefix=prefix, dir=path.parent)
+    os.close(fd)
+    return Path(name)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, is_dir: bool = False) -> Iterator[Path]:
+    """Yield a temporary sibling of `path`; rename it to `path` only if the block succeeds.
+
+    On an exception the temporary file or folder is removed and `path` is left as it was.
+    An existing folder at `path` is replaced (files are replaced atomically by `os.replace`).
+    """
+    final = Path(path)
+    tmp = _temp_sibling(final, is_dir)
+    try:
+        yield tmp
+        if is_dir:
+            os.chmod(tmp, 0o755)
+            if final.exists():
+                old = _temp_sibling(final, is_dir=True)
+                os.rmdir(old)
+                os.replace(final, old)
+                os.replace(tmp, final)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+        else:
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, final)
+    except BaseException:
+        if is_dir:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
