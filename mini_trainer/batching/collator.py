@@ -1,0 +1,167 @@
+"""From a global batch to per-rank packed rows: the step plan and the padding-free collator.
+
+Label alignment. A sample's `labels[t]` is the token the model should produce after reading
+tokens up to `t - 1` (the Hugging Face convention: the loss shifts labels by one). A packed row
+must not shift across sample boundaries, or each sample's last token would be trained to predict
+the next sample's first token. So the shift happens here, inside each sample: the row carries
+`target_ids[t] = labels[t + 1]` of the same sample, and -100 at every sample's last position.
+The loss is then plain cross-entropy of `logits[t]` against `target_ids[t]`, with no shift.
+
+Loss normalisation. Each micro-batch's summed loss is divided by `batch_num_loss_tokens`, the loss
+tokens of the whole global batch on all ranks, which every rank knows from the plan without
+communication. Summing these over micro-batches and ranks (gradient accumulation plus the
+all-reduce) gives the exact token mean of the global batch, whatever the split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from mini_trainer.batching.packing import plan_micro_batches
+
+IGNORE_INDEX = -100
+
+
+def count_loss_tokens(labels: Sequence[int]) -> int:
+    """Loss tokens of one sample: positions t >= 1 with labels[t] != -100.
+
+    Position 0 never counts: nothing precedes it, so no position predicts it. This is the one
+    definition of a sample's loss tokens (data index, plan, collator, metrics).
+    """
+    return sum(1 for label in labels[1:] if label != IGNORE_INDEX)
+
+
+@dataclass
+class PackedMicroBatch:
+    """One rank's row for one micro-step: its samples concatenated, no padding."""
+
+    input_ids: torch.Tensor
+    """(1, T) int64."""
+    position_ids: torch.Tensor
+    """(1, T) int64, restarting at 0 for each sample: how attention tells samples apart."""
+    target_ids: torch.Tensor
+    """(1, T) int64: next-token targets shifted within each sample, -100 where no loss."""
+    num_loss_tokens: int
+    """Targets != -100 in this row."""
+    batch_num_loss_tokens: int
+    """Loss tokens of the whole global batch (all micro-batches, all ranks): the loss divisor."""
+    num_tokens: int
+    """Real tokens in this row (0 for a dummy)."""
+    num_samples: int
+    is_dummy: bool
+    """True for the stand-in row of a rank with no sample in this micro-batch."""
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedMicroBatch:
+        """A copy with the tensors on `device`."""
+        return replace(
+            self,
+            input_ids=self.input_ids.to(device, non_blocking=non_blocking),
+            position_ids=self.position_ids.to(device, non_blocking=non_blocking),
+            target_ids=self.target_ids.to(device, non_blocking=non_blocking),
+        )
+
+
+def collate_packed(
+    samples: list[dict], batch_num_loss_tokens: int, pad_token_id: int = 0
+) -> PackedMicroBatch:
+    """Pack `samples` (each `{"input_ids": [...], "labels": [...]}`) into one row.
+
+    An empty list gives a dummy row: one `pad_token_id` with target -100. The rank runs its
+    forward and backward on it like any other (a zero loss, zero gradients), so every rank makes
+    the same collective calls in every micro-step.
+    """
+    if not samples:
+        one = torch.tensor([[pad_token_id]], dtype=torch.long)
+        return PackedMicroBatch(
+            input_ids=one,
+            position_ids=torch.zeros((1, 1), dtype=torch.long),
+            target_ids=torch.full((1, 1), IGNORE_INDEX, dtype=torch.long),
+            num_loss_tokens=0,
+            batch_num_loss_tokens=int(batch_num_loss_tokens),
+            num_tokens=0,
+            num_samples=0,
+            is_dummy=True,
+        )
+    input_ids: list[int] = []
+    position_ids: list[int] = []
+    target_ids: list[int] = []
+    for i, sample in enumerate(samples):
+        ids, labels = sample["input_ids"], sample["labels"]
+        if len(ids) == 0:
+            raise ValueError(f"sample {i} of the micro-batch is empty")
+        if len(labels) != len(ids):
+            raise ValueError(
+                f"sample {i} of the micro-batch has {len(ids)} input_ids but {len(labels)} labels"
+            )
+        input_ids.extend(ids)
+        position_ids.extend(range(len(ids)))
+        target_ids.extend(labels[1:])
+        target_ids.append(IGNORE_INDEX)
+    targets = torch.tensor([target_ids], dtype=torch.long)
+    return PackedMicroBatch(
+        input_ids=torch.tensor([input_ids], dtype=torch.long),
+        position_ids=torch.tensor([position_ids], dtype=torch.long),
+        target_ids=targets,
+        num_loss_tokens=int((targets != IGNORE_INDEX).sum()),
+        batch_num_loss_tokens=int(batch_num_loss_tokens),
+        num_tokens=len(input_ids),
+        num_samples=len(samples),
+        is_dummy=False,
+    )
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """How one global batch is split, the same on every rank."""
+
+    micro_batches: list[list[list[int]]]
+    """`micro_batches[m][r]`: dataset indices rank `r` packs in micro-batch `m` (maybe none)."""
+    batch_num_loss_tokens: int
+    """Loss tokens of the whole global batch."""
+    num_tokens: int
+    """Tokens of the whole global batch."""
+    num_samples: int
+
+    @property
+    def num_micro_batches(self) -> int:
+        return len(self.micro_batches)
+
+    def for_rank(self, rank: int) -> list[list[int]]:
+        """Rank `rank`'s dataset indices, one list per micro-batch."""
+        return [micro_batch[rank] for micro_batch in self.micro_batches]
+
+
+def plan_step(
+    batch_indices: np.ndarray,
+    lengths: np.ndarray,
+    loss_tokens: np.ndarray,
+    num_ranks: int,
+    max_tokens_per_rank: int,
+) -> StepPlan:
+    """Plan one optimizer step: `plan_micro_batches` on the batch, mapped to dataset indices.
+
+    `lengths` and `loss_tokens` are per dataset index (from the data index); `batch_indices` are
+    the global batch's dataset indices. Pure and deterministic, so every rank computes the same
+    plan; rank `r` then collates `[dataset[i] for i in plan.micro_batches[m][r]]`.
+    """
+    batch_indices = np.asarray(batch_indices, dtype=np.int64)
+    batch_lengths = np.asarray(lengths)[batch_indices]
+    over = np.flatnonzero(batch_lengths > max_tokens_per_rank)
+    if over.size:
+        index = int(batch_indices[over[0]])
+        raise ValueError(
+            f"sample {index} has {int(batch_lengths[over[0]])} tokens, more than "
+            f"max_tokens_per_rank={max_tokens_per_rank}"
+        )
+    plan = plan_micro_batches(batch_lengths, num_ranks, max_tokens_per_rank)
+    index_list = batch_indices.tolist()
+    return StepPlan(
+        micro_batches=[[[index_list[p] for p in rank] for rank in micro] for micro in plan],
+        batch_num_loss_tokens=int(np.asarray(loss_tokens)[batch_indices].sum()),
+        num_tokens=int(batch_lengths.sum()),
+        num_samples=len(index_list),
+    )
