@@ -65,6 +65,13 @@ def test_balances_the_ranks():
     assert sorted(int(lengths[r].sum()) for r in plan[0]) == [16, 16]
 
 
+def test_one_sample_per_bin_when_nothing_else_fits():
+    # Bound 2 micro-batches, but two 6s and a 5 cannot share a bin of 10: the search ends at
+    # one sample per bin, a plan it never had to try.
+    assert plan_micro_batches(np.array([6, 6, 5]), 1, 10) == [[[0]], [[1]], [[2]]]
+    assert plan_micro_batches_reference([6, 6, 5], 1, 10) == [[[0]], [[1]], [[2]]]
+
+
 def test_all_samples_at_the_cap_each_get_a_bin():
     plan = plan_micro_batches(np.full(10, 64), 4, 64)
     assert len(plan) == 3

@@ -124,12 +124,16 @@ def _assign_bins(sorted_lengths, num_ranks, cap, first_m):
     hi = (n + num_ranks - 1) // num_ranks  # known to fit: at most one sample per bin
     bin_of = np.empty(n, dtype=np.int64)
     loads = np.zeros(hi * num_ranks, dtype=np.int64)
+    best_bin_of = np.empty(0, dtype=np.int64)  # the plan of the smallest m tried that fits
+    best_loads = np.empty(0, dtype=np.int64)
     m = first_m
     guesses = 0
     while True:
         max_load = _lpt_fill(sorted_lengths, m * num_ranks, bin_of, loads)
         if max_load <= cap:
             hi = m
+            best_bin_of = bin_of.copy()
+            best_loads = loads[: m * num_ranks].copy()
         else:
             lo = m
         if hi - lo <= 1:
@@ -143,9 +147,10 @@ def _assign_bins(sorted_lengths, num_ranks, cap, first_m):
         else:
             m = (lo + hi) // 2
         m = min(max(m, lo + 1), hi - 1)
-    if m != hi:  # the last try failed: refill with the answer
+    if best_loads.shape[0] != hi * num_ranks:  # hi was never tried (one sample per bin)
         _lpt_fill(sorted_lengths, hi * num_ranks, bin_of, loads)
-    return hi, bin_of, loads[: hi * num_ranks].copy()
+        return hi, bin_of, loads[: hi * num_ranks].copy()
+    return hi, best_bin_of, best_loads
 
 
 @numba.njit(cache=True)
@@ -250,7 +255,5 @@ def _bins_to_plan(
     grouped, bounds = _group_by_slot(slot_of_position, np.int64(num_slots))
     positions = grouped.tolist()
     bounds = bounds.tolist()
-    return [
-        [positions[bounds[s] : bounds[s + 1]] for s in range(m * num_ranks, (m + 1) * num_ranks)]
-        for m in range(num_micro)
-    ]
+    slots = [positions[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+    return [slots[s : s + num_ranks] for s in range(0, num_slots, num_ranks)]
