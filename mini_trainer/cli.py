@@ -60,5 +60,70 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
         click.echo(f"wrote {out / 'data' / name}.jsonl ({count} samples)")
 
 
+@cli.command("validate")
+@click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Model folder; only its config.json is read (for the vocabulary size).",
+)
+@click.option(
+    "--max-tokens-per-gpu",
+    required=True,
+    type=click.IntRange(min=1),
+    help="Token cap per micro-batch; a longer sample can never be trained on.",
+)
+@click.option(
+    "--out-index",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Parquet index to write: line, byte offset, bytes, len, loss tokens per sample.",
+)
+@click.option(
+    "--out-summary",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSON summary to write: counts, tokens, length percentiles, vocabulary size.",
+)
+@click.option(
+    "--on-long",
+    type=click.Choice(["error", "drop"]),
+    default="error",
+    show_default=True,
+    help="What a sample longer than --max-tokens-per-gpu is: an error, or dropped and counted.",
+)
+@click.option("--force", is_flag=True, help="Replace existing index and summary files.")
+def validate(
+    data: Path,
+    model: Path,
+    max_tokens_per_gpu: int,
+    out_index: Path,
+    out_summary: Path,
+    on_long: str,
+    force: bool,
+) -> None:
+    """Check every line of the pre-tokenized JSONL file DATA and write its lengths index.
+
+    Each line must be {"input_ids": [...], "labels": [...], "len": N} (len optional) with
+    integer token ids below the model's vocabulary size, labels of -100 or a token id, the
+    same length for both lists and at least one loss token after the causal shift. The file
+    is streamed in constant memory. Every problem is printed as FILE:LINE: FIELD: reason
+    (the first 50, then the total); on any problem the exit status is 2 and neither output
+    is written. A progress bar appears when stderr is a terminal.
+    """
+    from mini_trainer.data.outputs import check_outputs
+    from mini_trainer.data.validate import build_index, read_vocab_size, summary_text, write_index
+
+    check_outputs({"--out-index": out_index, "--out-summary": out_summary}, [data], force)
+    vocab_size = read_vocab_size(model)
+    index, summary = build_index(data, vocab_size, max_tokens_per_gpu, on_long=on_long)
+    summary["model"] = str(model)
+    write_index(index, summary, out_index, out_summary)
+    click.echo(summary_text(summary))
+    click.echo(f"wrote {out_index}")
+    click.echo(f"wrote {out_summary}")
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")
