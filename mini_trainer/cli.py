@@ -125,5 +125,66 @@ def validate(
     click.echo(f"wrote {out_summary}")
 
 
+@cli.command("tokenize")
+@click.argument(
+    "in_path", metavar="IN", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Model folder with the tokenizer and its chat template.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Pre-tokenized JSONL to write.",
+)
+@click.option(
+    "--max-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Longest conversation in tokens (default: no limit). Longer ones are never truncated.",
+)
+@click.option(
+    "--on-long",
+    type=click.Choice(["error", "drop"]),
+    default="error",
+    show_default=True,
+    help="What a conversation longer than --max-len is: an error, or left out and counted.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
+def tokenize(
+    in_path: Path, model: Path, out: Path, max_len: int | None, on_long: str, force: bool
+) -> None:
+    """Tokenize the chat JSONL file IN with the model's chat template.
+
+    Each input line is {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}]}.
+    Each output line is {"input_ids": [...], "labels": [...], "len": N}, with loss (labels
+    equal to the ids) only on assistant content and its end-of-turn token, -100 elsewhere.
+    Every problem is printed as FILE:LINE: FIELD: reason; on any problem the exit status is 2
+    and OUT is not written.
+    """
+    from mini_trainer.data.outputs import check_outputs
+    from mini_trainer.data.tokenize import load_chat_tokenizer, tokenize_jsonl, tokenizer_warnings
+    from mini_trainer.data.validate import read_vocab_size
+
+    check_outputs({"--out": out}, [in_path], force)
+    vocab_size = read_vocab_size(model)
+    tokenizer = load_chat_tokenizer(model)
+    for warning in tokenizer_warnings(tokenizer):
+        click.echo(f"warning: {warning}", err=True)
+    result = tokenize_jsonl(
+        tokenizer, in_path, out, max_len=max_len, on_long=on_long, vocab_size=vocab_size
+    )
+    dropped = f", {result.dropped:,} dropped (longer than {max_len})" if result.dropped else ""
+    samples = f"{result.samples:,} sample{'s' if result.samples != 1 else ''}"
+    click.echo(
+        f"wrote {out}: {samples}{dropped}, {result.tokens:,} tokens, "
+        f"{result.loss_tokens:,} loss tokens"
+    )
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")
