@@ -93,6 +93,12 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
     show_default=True,
     help="What a sample longer than --max-tokens-per-gpu is: an error, or dropped and counted.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes that check the file [default: the usable CPUs, at most 8].",
+)
 @click.option("--force", is_flag=True, help="Replace existing index and summary files.")
 def validate(
     data: Path,
@@ -101,6 +107,7 @@ def validate(
     out_index: Path,
     out_summary: Path,
     on_long: str,
+    workers: int | None,
     force: bool,
 ) -> None:
     """Check every line of the pre-tokenized JSONL file DATA and write its lengths index.
@@ -117,7 +124,9 @@ def validate(
 
     check_outputs({"--out-index": out_index, "--out-summary": out_summary}, [data], force)
     vocab_size = read_vocab_size(model)
-    index, summary = build_index(data, vocab_size, max_tokens_per_gpu, on_long=on_long)
+    index, summary = build_index(
+        data, vocab_size, max_tokens_per_gpu, on_long=on_long, workers=workers
+    )
     summary["model"] = str(model)
     write_index(index, summary, out_index, out_summary)
     click.echo(summary_text(summary))

@@ -233,3 +233,37 @@ def test_refuses_to_overwrite_the_data(demo_model, tmp_path):
     assert result.returncode == 2
     assert "would overwrite an input" in result.stderr
     assert data.read_text() == GOOD + "\n"
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 7, 100, 10**9])
+def test_split_ranges_cut_at_line_starts(tmp_path, chunk_bytes):
+    from mini_trainer.data.scan import split_ranges
+
+    data = tmp_path / "data.jsonl"
+    data.write_bytes(b"".join(b"x" * (n % 13) + b"\n" for n in range(40)) + b"no newline")
+    raw = data.read_bytes()
+    bounds = split_ranges(data, len(raw), chunk_bytes)
+    assert bounds[0] == 0 and bounds[-1] == len(raw)
+    assert bounds == sorted(set(bounds))
+    assert all(raw[b - 1 : b] == b"\n" for b in bounds[1:-1])
+    if chunk_bytes == 1:
+        assert len(bounds) - 1 == 41  # every line is its own range
+
+
+def test_parallel_ranges_match_a_single_pass(demo_dir, vocab, tmp_path):
+    from mini_trainer.data.scan import scan_file
+
+    lines = (demo_dir / "data" / "reverse.train.jsonl").read_text().splitlines()
+    bad = {7: "{oops", 600: _line([1, vocab], [-100, 5]), 1999: "[]"}
+    for number, line in bad.items():
+        lines[number - 1] = line
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    one = scan_file(data, vocab, 100, "drop", workers=1, chunk_bytes=10**9)
+    many = scan_file(data, vocab, 100, "drop", workers=2, chunk_bytes=20_000)
+    assert [n for n, _, _ in one.problems] == sorted(bad)
+    assert one.problems == many.problems and one.problem_count == many.problem_count == 3
+    assert np.array_equal(one.rows, many.rows)
+    assert one.dropped == many.dropped > 0 and one.dropped_lines == many.dropped_lines
+    assert one.lines == many.lines == len(lines)
+    assert one.end == many.end == data.stat().st_size

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 
 from mini_trainer.data.index_file import check_columns, read_index
@@ -73,7 +74,10 @@ class IndexedJsonlDataset:
         nbytes = int(self._nbytes[i])
         raw = os.pread(self._descriptor(), nbytes, int(self._offsets[i]))
         try:
-            sample = json.loads(raw)
+            try:
+                sample = orjson.loads(raw)
+            except orjson.JSONDecodeError:  # what validate accepted, the stdlib parses
+                sample = json.loads(raw)
             input_ids, labels = sample["input_ids"], sample["labels"]
         except (ValueError, KeyError, TypeError):
             sample = input_ids = labels = None

@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from mini_trainer.data.checks import check_line
 from mini_trainer.data.index_file import INDEX_COLUMNS, fingerprint, write_index
-from mini_trainer.data.lines import iter_lines
-from mini_trainer.data.problems import MAX_SHOWN, ProblemLog
+from mini_trainer.data.problems import ProblemLog
+from mini_trainer.data.scan import scan_file
 from mini_trainer.errors import UserError
 
 if TYPE_CHECKING:
@@ -68,62 +66,37 @@ def build_index(
     max_tokens: int,
     on_long: str = "error",
     progress: bool | None = None,
+    workers: int | None = None,
 ) -> tuple[pd.DataFrame, dict]:
     """Check every line of `data_path`; return the index and a summary, or raise `UserError`.
 
     Index columns (int64): `line` (1-based), `offset` (byte offset of the line), `nbytes` (bytes
     of the line without its `\\n`), `len` (tokens), `loss_tokens` (labels != -100 at positions
     t >= 1). Samples longer than `max_tokens` are an error, or dropped and counted when
-    `on_long` is "drop". `progress=None` shows a bar only when stderr is a terminal.
+    `on_long` is "drop". `progress=None` shows a bar only when stderr is a terminal; `workers`
+    processes check the file (default: the usable CPUs, up to 8; small files use one).
     """
     if on_long not in ON_LONG:
         raise ValueError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
+    scan = scan_file(data_path, vocab_size, max_tokens, on_long, workers, progress)
     log = ProblemLog(str(data_path))
-    columns = {name: array("q") for name in INDEX_COLUMNS}
-    line_col, offset_col, nbytes_col = columns["line"], columns["offset"], columns["nbytes"]
-    len_col, loss_col = columns["len"], columns["loss_tokens"]
-    dropped, dropped_lines, total_lines, scanned = 0, [], 0, 0
-    for number, offset, raw in iter_lines(data_path, progress):
-        total_lines = number
-        scanned = offset + len(raw) + 1
-        result = check_line(raw, vocab_size)
-        for field, reason in result.problems:
-            log.add(number, field, reason)
-        if result.problems:
-            continue
-        if result.length > max_tokens:
-            if on_long == "error":
-                log.add(
-                    number,
-                    "input_ids",
-                    f"{result.length} tokens, more than --max-tokens-per-gpu {max_tokens} "
-                    "(use --on-long drop to skip such samples)",
-                )
-            else:
-                dropped += 1
-                if len(dropped_lines) < MAX_SHOWN:
-                    dropped_lines.append(number)
-            continue
-        line_col.append(number)
-        offset_col.append(offset)
-        nbytes_col.append(len(raw))
-        len_col.append(result.length)
-        loss_col.append(result.loss_tokens)
+    for number, field, reason in scan.problems:
+        log.add(number, field, reason)
+    log.count += scan.problem_count - len(scan.problems)  # found but not kept for printing
+    dropped, total_lines = scan.dropped, scan.lines
     data_fingerprint = fingerprint(data_path)
     if total_lines == 0:
         log.add_file_problem("empty file (no samples)")
-    elif scanned < data_fingerprint["size"]:
+    elif scan.end < data_fingerprint["size"]:
         log.add_file_problem("the file grew while it was being validated")
-    elif not log.count and not len_col:
+    elif not log.count and not len(scan.rows):
         log.add_file_problem(
             f"no sample left: all {dropped} are longer than --max-tokens-per-gpu {max_tokens}"
         )
     log.raise_if_any("no index written")
     import pandas as pd  # here: a failing run (the common interactive case) never pays for it
 
-    index = pd.DataFrame(
-        {name: np.frombuffer(col, dtype=np.int64) for name, col in columns.items()}
-    )
+    index = pd.DataFrame({name: scan.rows[:, i] for i, name in enumerate(INDEX_COLUMNS)})
     lengths = index["len"].to_numpy()
     summary = {
         "data_file": str(data_path),
@@ -131,7 +104,7 @@ def build_index(
         "lines": total_lines,
         "samples": len(index),
         "dropped": dropped,
-        "dropped_lines": dropped_lines,
+        "dropped_lines": scan.dropped_lines,
         "tokens": int(lengths.sum()),
         "loss_tokens": int(index["loss_tokens"].sum()),
         "length": _length_stats(lengths),
