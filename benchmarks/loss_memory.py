@@ -44,13 +44,13 @@ from mini_trainer.training.loss import (  # noqa: E402
 REFERENCE = "reference"
 
 
-def make_inputs(tokens: int, vocab: int, hidden: int, seed: int = 0):
-    """Realistic-scale inputs: unit hidden states, small head weights, 30% prompt tokens ignored."""
+def make_inputs(tokens: int, vocab: int, hidden: int, ignored: float = 0.0, seed: int = 0):
+    """Unit hidden states, 1/sqrt(H)-scaled head weights, a fraction of targets set to -100."""
     gen = torch.Generator().manual_seed(seed)
     h = torch.randn(tokens, hidden, generator=gen).requires_grad_()
     w = (torch.randn(vocab, hidden, generator=gen) * hidden**-0.5).requires_grad_()
     t = torch.randint(0, vocab, (tokens,), generator=gen)
-    t[torch.rand(tokens, generator=gen) < 0.3] = -100
+    t[torch.rand(tokens, generator=gen) < ignored] = -100
     return h, w, t
 
 
@@ -72,10 +72,10 @@ def _status_kb(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-def child_peak(side: str, tokens: int, vocab: int, hidden: int) -> dict:
+def child_peak(side: str, args) -> dict:
     """In a fresh process: RSS growth (bytes) during one forward + backward of `side`."""
-    h, w, t = make_inputs(tokens, vocab, hidden)
-    run_side(side, *make_inputs(64, vocab, hidden, seed=1))  # kernel/thread-pool warm-up
+    h, w, t = make_inputs(args.tokens, args.vocab, args.hidden, args.ignored_fraction)
+    run_side(side, *make_inputs(64, args.vocab, args.hidden, seed=1))  # kernel/thread-pool warm-up
     gc.collect()
     h.grad = w.grad = None
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
@@ -89,6 +89,7 @@ def measure_peak(side: str, args) -> dict:
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS=str(args.threads))
     cmd = [sys.executable, __file__, "--child", side, "--tokens", str(args.tokens)]
     cmd += ["--vocab", str(args.vocab), "--hidden", str(args.hidden)]
+    cmd += ["--ignored-fraction", str(args.ignored_fraction)]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -98,6 +99,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument(
+        "--ignored-fraction",
+        type=float,
+        default=0.0,
+        help="share of targets set to -100 (the chunked side skips those rows; default 0 keeps "
+        "the comparison like for like)",
+    )
     parser.add_argument("--chunk-sizes", default="512,1024,2048,4096")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -106,14 +114,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     if args.child:
-        print(json.dumps(child_peak(args.child, args.tokens, args.vocab, args.hidden)))
+        print(json.dumps(child_peak(args.child, args)))
         return
 
     sides = [REFERENCE] + [s.strip() for s in args.chunk_sizes.split(",")]
     mb = 1 / 2**20
     print(
         f"# loss_memory: N={args.tokens} tokens, V={args.vocab}, H={args.hidden}, fp32, CPU, "
-        f"{args.threads} threads, torch {torch.__version__}, {platform.machine()}"
+        f"{args.threads} threads, ignored targets {args.ignored_fraction:.0%}, "
+        f"torch {torch.__version__}, {platform.machine()}"
     )
     print(f"# full N x V fp32 logits would be {args.tokens * args.vocab * 4 * mb:.0f} MiB")
 
@@ -122,7 +131,7 @@ def main() -> None:
         peaks[side] = measure_peak(side, args)
         print(f"  peak measured: {side:>9}: {peaks[side]['peak_growth_bytes'] * mb:8.0f} MiB")
 
-    h, w, t = make_inputs(args.tokens, args.vocab, args.hidden)
+    h, w, t = make_inputs(args.tokens, args.vocab, args.hidden, args.ignored_fraction)
     times: dict[str, list[float]] = {s: [] for s in sides}
     losses = {}
     for round_ in range(args.repeats + 1):  # round 0 is the warm-up

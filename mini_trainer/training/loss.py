@@ -24,8 +24,8 @@ from mini_trainer.errors import UserError
 
 IGNORE_INDEX = -100
 DEFAULT_CHUNK_SIZE = 1024
-"""Loss tokens per chunk. Each chunk holds about 2 x chunk_size x V fp32 values (logits and a
-temporary), e.g. 262 MB at V=32,000; chosen with benchmarks/loss_memory.py (docs/benchmarks.md)."""
+"""Loss tokens per chunk. A chunk holds one chunk_size x V fp32 buffer (131 MB at V=32,000);
+chosen with benchmarks/loss_memory.py (docs/benchmarks.md)."""
 
 LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
 
@@ -68,24 +68,31 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             chunk_rows = rows[start : start + chunk_size]
             h = hidden.index_select(0, chunk_rows)  # (c, H), input dtype
             t = targets.index_select(0, chunk_rows).unsqueeze(1)  # (c, 1)
-            # Matmul in the input dtype (tensor cores for bf16), softmax in fp32.
+            # Matmul in the input dtype (tensor cores for bf16), softmax in fp32. The softmax is
+            # built in place in this one (c, V) buffer: no other chunk-sized temporary exists.
             logits = (h @ weight.T).to(acc_dtype)  # (c, V)
-            lse = torch.logsumexp(logits, dim=1, keepdim=True)
-            loss += (lse - logits.gather(1, t)).sum()
-            if not (need_hidden_grad or need_weight_grad):
-                continue
-            # d(loss)/d(logits) = softmax - onehot, built in place in the logits buffer.
-            grad_logits = logits.sub_(lse).exp_()
-            grad_logits.scatter_add_(1, t, torch.full_like(lse, -1.0))
+            target_logit = logits.gather(1, t)
+            row_max = logits.amax(dim=1, keepdim=True)
+            probs = logits.sub_(row_max).exp_()  # unnormalized; `logits` is consumed
             del logits
-            if grad_hidden is not None:
-                grad_hidden.index_copy_(0, chunk_rows, grad_logits.to(weight.dtype) @ weight)
-            if grad_weight is not None:
-                if h.dtype == acc_dtype:
-                    grad_weight.addmm_(grad_logits.T, h)
-                else:
-                    # Low-precision matmul (fast path on GPU), summed across chunks in fp32.
-                    grad_weight.add_(grad_logits.to(h.dtype).T @ h)
+            row_sum = probs.sum(dim=1, keepdim=True)
+            # loss = logsumexp - target logit = log(sum exp(x - max)) + max - x_t
+            loss += (row_sum.log() + row_max - target_logit).sum()
+            if need_hidden_grad or need_weight_grad:
+                # d(loss)/d(logits) = softmax - onehot
+                grad_logits = probs.div_(row_sum)
+                grad_logits.scatter_add_(1, t, torch.full_like(row_sum, -1.0))
+                if grad_hidden is not None:
+                    grad_hidden.index_copy_(0, chunk_rows, grad_logits.to(weight.dtype) @ weight)
+                if grad_weight is not None:
+                    if h.dtype == acc_dtype:
+                        grad_weight.addmm_(grad_logits.T, h)
+                    else:
+                        # Low-precision matmul (fast path on GPU), summed across chunks in fp32.
+                        grad_weight.add_(grad_logits.to(h.dtype).T @ h)
+                del grad_logits
+            # Free this chunk's buffer before the next chunk's matmul allocates its own.
+            del probs
 
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
@@ -122,7 +129,7 @@ def chunked_linear_cross_entropy(
 
     hidden (N, H) and weight (V, H) in fp32 or bf16 (the same dtype); targets (N,) int64. The
     softmax and the result are fp32 (fp64 for fp64 inputs).
-    Peak extra memory is about 2 x chunk_size x V fp32 plus the gradients (N x H, V x H); the full
+    Peak extra memory is about chunk_size x V fp32 plus the gradients (N x H, V x H); the full
     N x V logits are never held. Gradients flow to hidden and weight in their own dtypes. With no
     loss token the result is an exact 0 that is still connected to hidden and weight, so backward
     runs and gives zero gradients: under FSDP every rank must run backward (its hooks launch the
