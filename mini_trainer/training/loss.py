@@ -107,10 +107,9 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 "once in forward and handed over (retain_graph is not supported)"
             )
         grad_hidden, grad_weight = ctx.grads
-        # Hand the buffers over and scale them in place: no second V x H tensor, and the
-        # gradient accumulator can adopt the tensor instead of copying it.
-        # Always multiply (the engine's grad_output is 1 / loss tokens anyway): testing for 1.0
-        # would cost a device sync.
+        # Hand the buffers over and scale them in place: no second V x H tensor, and .grad can
+        # adopt the tensor instead of copying it. No test for grad_output == 1 (a device sync):
+        # the engine's grad_output is 1 / loss tokens anyway.
         ctx.grads = None
         for grad in (grad_hidden, grad_weight):
             if grad is not None:
@@ -127,7 +126,7 @@ def chunked_linear_cross_entropy(
 ) -> Tensor:
     """Sum over targets != ignore_index of cross_entropy(hidden @ weight.T, targets), a scalar.
 
-    hidden (N, H) and weight (V, H) in fp32 or bf16 (the same dtype); targets (N,) int64. The
+    hidden (N, H) and weight (V, H) in fp32 or bf16 (the same dtype); targets (N,) integer. The
     softmax and the result are fp32 (fp64 for fp64 inputs).
     Peak extra memory is about chunk_size x V fp32 plus the gradients (N x H, V x H); the full
     N x V logits are never held. Gradients flow to hidden and weight in their own dtypes. With no
@@ -152,7 +151,7 @@ def chunked_linear_cross_entropy(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return _ChunkedLinearCrossEntropy.apply(
-        hidden, weight, targets, ignore_index, chunk_size, torch.is_grad_enabled()
+        hidden, weight, targets.long(), ignore_index, chunk_size, torch.is_grad_enabled()
     )
 
 
@@ -186,8 +185,10 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
     liger_loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
 
     def liger_fn(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
-        out = liger_loss(weight, hidden, targets)
-        # Recent versions may return a CrossEntropyOutput / tuple when extra outputs are on.
-        return out.loss if hasattr(out, "loss") else out[0] if isinstance(out, tuple) else out
+        out = liger_loss(weight, hidden, targets)  # Liger's order: (lin_weight, _input, target)
+        if isinstance(out, Tensor):
+            return out
+        # Versions with z-loss / token-accuracy outputs may wrap the loss.
+        return out.loss if hasattr(out, "loss") else out[0]
 
     return liger_fn
