@@ -60,5 +60,140 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
         click.echo(f"wrote {out / 'data' / name}.jsonl ({count} samples)")
 
 
+@cli.command("validate")
+@click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Model folder; only its config.json is read (for the vocabulary size).",
+)
+@click.option(
+    "--max-tokens-per-gpu",
+    required=True,
+    type=click.IntRange(min=1),
+    help="Token cap per micro-batch; a longer sample can never be trained on.",
+)
+@click.option(
+    "--out-index",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Parquet index to write: line, byte offset, bytes, len, loss tokens per sample.",
+)
+@click.option(
+    "--out-summary",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSON summary to write: counts, tokens, length percentiles, vocabulary size.",
+)
+@click.option(
+    "--on-long",
+    type=click.Choice(["error", "drop"]),
+    default="error",
+    show_default=True,
+    help="What a sample longer than --max-tokens-per-gpu is: an error, or dropped and counted.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Processes that check the file [default: the usable CPUs, at most 8].",
+)
+@click.option("--force", is_flag=True, help="Replace existing index and summary files.")
+def validate(
+    data: Path,
+    model: Path,
+    max_tokens_per_gpu: int,
+    out_index: Path,
+    out_summary: Path,
+    on_long: str,
+    workers: int | None,
+    force: bool,
+) -> None:
+    """Check every line of the pre-tokenized JSONL file DATA and write its lengths index.
+
+    Each line must be {"input_ids": [...], "labels": [...], "len": N} (len optional) with
+    integer token ids below the model's vocabulary size, labels of -100 or a token id, the
+    same length for both lists and at least one loss token after the causal shift. The file
+    is streamed in constant memory. Every problem is printed as FILE:LINE: FIELD: reason
+    (the first 50, then the total); on any problem the exit status is 2 and neither output
+    is written. A progress bar appears when stderr is a terminal.
+    """
+    from mini_trainer.data.outputs import check_outputs
+    from mini_trainer.data.validate import build_index, read_vocab_size, summary_text, write_index
+
+    check_outputs({"--out-index": out_index, "--out-summary": out_summary}, [data], force)
+    vocab_size = read_vocab_size(model)
+    index, summary = build_index(
+        data, vocab_size, max_tokens_per_gpu, on_long=on_long, workers=workers
+    )
+    summary["model"] = str(model)
+    write_index(index, summary, out_index, out_summary)
+    click.echo(summary_text(summary))
+    click.echo(f"wrote {out_index}")
+    click.echo(f"wrote {out_summary}")
+
+
+@cli.command("tokenize")
+@click.argument(
+    "in_path", metavar="IN", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Model folder with the tokenizer and its chat template.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Pre-tokenized JSONL to write.",
+)
+@click.option(
+    "--max-len",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Longest conversation in tokens (default: no limit). Longer ones are never truncated.",
+)
+@click.option(
+    "--on-long",
+    type=click.Choice(["error", "drop"]),
+    default="error",
+    show_default=True,
+    help="What a conversation longer than --max-len is: an error, or left out and counted.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing output file.")
+def tokenize(
+    in_path: Path, model: Path, out: Path, max_len: int | None, on_long: str, force: bool
+) -> None:
+    """Tokenize the chat JSONL file IN with the model's chat template.
+
+    Each input line is {"messages": [{"role": "system"|"user"|"assistant", "content": "..."}]}.
+    Each output line is {"input_ids": [...], "labels": [...], "len": N}, with loss (labels
+    equal to the ids) only on assistant content and its end-of-turn token, -100 elsewhere.
+    Every problem is printed as FILE:LINE: FIELD: reason; on any problem the exit status is 2
+    and OUT is not written.
+    """
+    from mini_trainer.data.outputs import check_outputs
+    from mini_trainer.data.tokenize import load_chat_tokenizer, tokenize_jsonl, tokenizer_warnings
+    from mini_trainer.data.validate import read_vocab_size
+
+    check_outputs({"--out": out}, [in_path], force)
+    vocab_size = read_vocab_size(model)
+    tokenizer = load_chat_tokenizer(model)
+    for warning in tokenizer_warnings(tokenizer):
+        click.echo(f"warning: {warning}", err=True)
+    result = tokenize_jsonl(
+        tokenizer, in_path, out, max_len=max_len, on_long=on_long, vocab_size=vocab_size
+    )
+    dropped = f", {result.dropped:,} dropped (longer than {max_len})" if result.dropped else ""
+    samples = f"{result.samples:,} sample{'s' if result.samples != 1 else ''}"
+    click.echo(
+        f"wrote {out}: {samples}{dropped}, {result.tokens:,} tokens, "
+        f"{result.loss_tokens:,} loss tokens"
+    )
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")

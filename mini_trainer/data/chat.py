@@ -2,9 +2,11 @@
 
 The conversation is rendered once with the tokenizer's chat template and tokenized with offsets.
 Each assistant turn's character span (its content up to the end of its turn, so the end-of-turn
-token is included) is found by rendering growing prefixes of the conversation; tokens that start
-inside such a span get their own id as label, all others -100. This works for any template whose
-turns are rendered in order, without the template having to mark generation spans.
+token is included, but not the whitespace some templates put after it) is found by rendering
+growing prefixes of the conversation; tokens that start inside such a span get their own id as
+label, all others -100. This works for any template whose turns are rendered in order, without
+the template having to mark generation spans. A span that does not begin and end on token
+boundaries is an error rather than a silently shifted mask.
 """
 
 from __future__ import annotations
@@ -30,21 +32,30 @@ class TokenizedSample:
 
 
 def check_messages(messages: object) -> str | None:
-    """Return why `messages` is not a usable conversation, or None when it is."""
+    """Return `FIELD: reason` saying why `messages` is not a usable conversation, or None.
+
+    FIELD is a path such as `messages[1].role`, so callers can prefix it with `FILE:LINE: `.
+    """
     if not isinstance(messages, list):
-        return "must be a list of {role, content} objects"
+        return "messages: must be a list of {role, content} objects"
     if not messages:
-        return "empty conversation"
+        return "messages: empty conversation"
     for i, message in enumerate(messages):
+        field = f"messages[{i}]"
         if not isinstance(message, dict):
-            return f"message {i} is not an object"
+            return f"{field}: must be an object with role and content"
         role = message.get("role")
+        if role is None:
+            return f"{field}.role: missing"
         if role not in ROLES:
-            return f"message {i}: unknown role {role!r} (expected one of {', '.join(ROLES)})"
-        if not isinstance(message.get("content"), str):
-            return f"message {i}: content must be a string"
+            return f"{field}.role: unknown role {role!r} (expected one of {', '.join(ROLES)})"
+        content = message.get("content")
+        if not isinstance(content, str):
+            return f"{field}.content: must be a string"
+        if role == "assistant" and not content:
+            return f"{field}.content: empty assistant message (nothing to train on)"
     if not any(m["role"] == "assistant" for m in messages):
-        return "no assistant turn (nothing to train on)"
+        return "messages: no assistant turn (nothing to train on)"
     return None
 
 
@@ -53,39 +64,58 @@ def _render(tokenizer, messages: Sequence[dict]) -> str:
 
 
 def assistant_char_spans(tokenizer, messages: Sequence[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """Render `messages`; return the text and the [start, end) spans that carry loss."""
+    """Render `messages`; return the text and the [start, end) spans that carry loss.
+
+    A span runs from the assistant content to the end of its turn as rendered, less trailing
+    whitespace (for example the newline after `<|im_end|>`), but never shorter than the content.
+    """
     text = _render(tokenizer, messages)
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
         before = len(_render(tokenizer, messages[:i])) if i else 0
-        through = len(_render(tokenizer, messages[: i + 1]))
-        if text[:through] != _render(tokenizer, messages[: i + 1]):
+        prefix = _render(tokenizer, messages[: i + 1])
+        through = len(prefix)
+        if text[:through] != prefix:
             raise ValueError("the chat template does not render conversations prefix by prefix")
-        start = text.find(message["content"], before, through)
+        # rfind: the content is the last thing of its turn but the end-of-turn marker, while
+        # the same string may also occur earlier in the header (content "assistant").
+        start = text.rfind(message["content"], before, through)
         if start < 0:
             raise ValueError(f"assistant message {i} is not rendered verbatim by the chat template")
-        spans.append((start, through))
+        content_end = start + len(message["content"])
+        end = max(content_end, len(text[:through].rstrip()))
+        spans.append((start, end))
     return text, spans
 
 
 def tokenize_conversation(tokenizer, messages: Sequence[dict]) -> TokenizedSample:
-    """Tokenize one conversation; loss on assistant content and its end-of-turn token."""
+    """Tokenize one conversation; loss on assistant content and its end-of-turn token.
+
+    Raises ValueError (message `FIELD: reason` or a plain reason) for an unusable conversation.
+    """
     problem = check_messages(messages)
     if problem:
         raise ValueError(problem)
     text, spans = assistant_char_spans(tokenizer, messages)
     encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     input_ids = list(encoding["input_ids"])
+    offsets = encoding["offset_mapping"]
     labels = [IGNORE_INDEX] * len(input_ids)
-    span_iter = iter(spans)
-    span = next(span_iter, None)
-    for position, (start, _end) in enumerate(encoding["offset_mapping"]):
-        while span is not None and start >= span[1]:
-            span = next(span_iter, None)
-        if span is None:
-            break
-        if span[0] <= start < span[1]:
+    position = 0
+    for turn, (span_start, span_end) in enumerate(spans):
+        while position < len(offsets) and offsets[position][0] < span_start:
+            position += 1
+        first = position
+        while position < len(offsets) and offsets[position][0] < span_end:
             labels[position] = input_ids[position]
+            position += 1
+        starts_on_boundary = first < len(offsets) and offsets[first][0] == span_start
+        ends_on_boundary = position > first and offsets[position - 1][1] == span_end
+        if not (starts_on_boundary and ends_on_boundary):
+            raise ValueError(
+                f"assistant turn {turn + 1} does not start and end on token boundaries "
+                "(the tokenizer merges it with neighbouring text): its loss mask would be inexact"
+            )
     return TokenizedSample(input_ids=input_ids, labels=labels)

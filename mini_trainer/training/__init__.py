@@ -1,0 +1,1 @@
+"""Training engine: the torchrun + FSDP2 job, its loss, checkpoints and logging."""

@@ -1,0 +1,194 @@
+"""Token cross-entropy over the LM head without materializing the full tokens x vocabulary logits.
+
+The loss is returned as a SUM over loss tokens: the engine divides by the loss-token count of the
+whole global batch (all micro-batches, all ranks), so one step equals one big batch however it is
+split. A per-micro-batch mean would weight tokens unequally.
+
+Two implementations sit behind `make_loss_fn`:
+- `chunked_linear_cross_entropy`: plain torch, any device. Its forward walks the loss tokens in
+  chunks, computes each chunk's logits, loss and gradients at once (the approach of Liger's fused
+  linear cross-entropy) and keeps only grad_hidden (N x H) and grad_weight (V x H); logits never
+  exist for more than one chunk.
+- Liger's Triton `LigerFusedLinearCrossEntropyLoss` with `--use-liger-kernels` (CUDA only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from mini_trainer.errors import UserError
+
+IGNORE_INDEX = -100
+DEFAULT_CHUNK_SIZE = 1024
+"""Loss tokens per chunk. A chunk holds one chunk_size x V fp32 buffer (131 MB at V=32,000);
+chosen with benchmarks/loss_memory.py (docs/benchmarks.md)."""
+
+LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """Sum of token cross-entropies of `hidden @ weight.T`, gradients computed in forward.
+
+    Forward does all the work chunk by chunk and stores the finished gradients; backward only
+    scales them by grad_output. This trades keeping N x H + V x H gradients for never keeping
+    N x V logits, which for LM vocabularies is the far larger tensor.
+    """
+
+    @staticmethod
+    def forward(
+        ctx,
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        ignore_index: int,
+        chunk_size: int,
+        grad_enabled: bool,
+    ) -> Tensor:
+        # needs_input_grad ignores no_grad(), so the caller passes whether grad mode was on:
+        # evaluation under no_grad must not pay for the gradients.
+        need_hidden_grad = grad_enabled and ctx.needs_input_grad[0]
+        need_weight_grad = grad_enabled and ctx.needs_input_grad[1]
+        # Only rows with a loss token cost anything: padding-free batches still carry prompt
+        # tokens (label -100), often most of the sequence.
+        rows = (targets != ignore_index).nonzero().squeeze(1)
+        # Softmax in fp32 at least (bf16/fp16 upcast; fp64 stays fp64, for exact tests).
+        acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
+        loss = torch.zeros((), dtype=acc_dtype, device=hidden.device)
+        grad_hidden = torch.zeros_like(hidden) if need_hidden_grad else None
+        grad_weight = None
+        if need_weight_grad:
+            # fp32 accumulation across chunks; for fp32 weights this IS the final gradient.
+            grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device)
+
+        for start in range(0, rows.numel(), chunk_size):
+            chunk_rows = rows[start : start + chunk_size]
+            h = hidden.index_select(0, chunk_rows)  # (c, H), input dtype
+            t = targets.index_select(0, chunk_rows).unsqueeze(1)  # (c, 1)
+            # Matmul in the input dtype (tensor cores for bf16), softmax in fp32. The softmax is
+            # built in place in this one (c, V) buffer: no other chunk-sized temporary exists.
+            logits = (h @ weight.T).to(acc_dtype)  # (c, V)
+            target_logit = logits.gather(1, t)
+            row_max = logits.amax(dim=1, keepdim=True)
+            probs = logits.sub_(row_max).exp_()  # unnormalized; `logits` is consumed
+            del logits
+            row_sum = probs.sum(dim=1, keepdim=True)
+            # loss = logsumexp - target logit = log(sum exp(x - max)) + max - x_t
+            loss += (row_sum.log() + row_max - target_logit).sum()
+            if need_hidden_grad or need_weight_grad:
+                # d(loss)/d(logits) = softmax - onehot
+                grad_logits = probs.div_(row_sum)
+                grad_logits.scatter_add_(1, t, torch.full_like(row_sum, -1.0))
+                if grad_hidden is not None:
+                    grad_hidden.index_copy_(0, chunk_rows, grad_logits.to(weight.dtype) @ weight)
+                if grad_weight is not None:
+                    if h.dtype == acc_dtype:
+                        grad_weight.addmm_(grad_logits.T, h)
+                    else:
+                        # Low-precision matmul (fast path on GPU), summed across chunks in fp32.
+                        grad_weight.add_(grad_logits.to(h.dtype).T @ h)
+                del grad_logits
+            # Free this chunk's buffer before the next chunk's matmul allocates its own.
+            del probs
+
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        ctx.grads = (grad_hidden, grad_weight)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        if ctx.grads is None:
+            raise RuntimeError(
+                "chunked_linear_cross_entropy: backward ran twice; its gradients are computed "
+                "once in forward and handed over (retain_graph is not supported)"
+            )
+        grad_hidden, grad_weight = ctx.grads
+        # Hand the buffers over and scale them in place: no second V x H tensor, and .grad can
+        # adopt the tensor instead of copying it. No test for grad_output == 1 (a device sync):
+        # the engine's grad_output is 1 / loss tokens anyway.
+        ctx.grads = None
+        for grad in (grad_hidden, grad_weight):
+            if grad is not None:
+                grad.mul_(grad_output.to(grad.dtype))
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def chunked_linear_cross_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> Tensor:
+    """Sum over targets != ignore_index of cross_entropy(hidden @ weight.T, targets), a scalar.
+
+    hidden (N, H) and weight (V, H) in fp32 or bf16 (the same dtype); targets (N,) integer. The
+    softmax and the result are fp32 (fp64 for fp64 inputs).
+    Peak extra memory is about chunk_size x V fp32 plus the gradients (N x H, V x H); the full
+    N x V logits are never held. Gradients flow to hidden and weight in their own dtypes. With no
+    loss token the result is an exact 0 that is still connected to hidden and weight, so backward
+    runs and gives zero gradients: under FSDP every rank must run backward (its hooks launch the
+    gradient reduce-scatter), so a rank whose micro-batch has no loss token must not skip it.
+
+    `weight` must be a plain tensor (under FSDP2: the unsharded lm_head weight). The gradients
+    are handed over in backward, so backward runs once per call (no retain_graph).
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"expected hidden (N, H) and weight (V, H), got {tuple(hidden.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    if targets.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"targets must have shape ({hidden.shape[0]},), got {tuple(targets.shape)}"
+        )
+    if hidden.dtype != weight.dtype:
+        raise ValueError(f"hidden and weight dtypes differ: {hidden.dtype} vs {weight.dtype}")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    return _ChunkedLinearCrossEntropy.apply(
+        hidden, weight, targets.long(), ignore_index, chunk_size, torch.is_grad_enabled()
+    )
+
+
+def linear_cross_entropy_reference(
+    hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX
+) -> Tensor:
+    """The plain formula (full N x V logits, fp32 or fp64): ground truth for tests and benchmark."""
+    logits = (hidden @ weight.T).to(torch.promote_types(hidden.dtype, torch.float32))
+    return F.cross_entropy(logits, targets, reduction="sum", ignore_index=ignore_index)
+
+
+def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
+    """The loss for a run: `fn(hidden (N, H), weight (V, H), targets (N,)) -> summed loss`.
+
+    `use_liger` (`--use-liger-kernels`) needs CUDA and the liger-kernel package; anything else is
+    a UserError so the run stops before loading the model rather than silently running slower.
+    """
+    if not use_liger:
+        return chunked_linear_cross_entropy
+    if device_type != "cuda":
+        raise UserError(f"--use-liger-kernels needs a CUDA GPU; this run is on {device_type}")
+    try:
+        from liger_kernel.transformers.fused_linear_cross_entropy import (
+            LigerFusedLinearCrossEntropyLoss,
+        )
+    except ImportError as exc:
+        raise UserError(
+            "--use-liger-kernels: liger-kernel is not importable "
+            f"({exc}); install it with: pip install 'mini-trainer[cuda]'"
+        ) from exc
+    liger_loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
+
+    def liger_fn(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+        out = liger_loss(weight, hidden, targets)  # Liger's order: (lin_weight, _input, target)
+        if isinstance(out, Tensor):
+            return out
+        # Versions with z-loss / token-accuracy outputs may wrap the loss.
+        return out.loss if hasattr(out, "loss") else out[0]
+
+    return liger_fn
