@@ -8,6 +8,7 @@ peak). Prints the ratios. The data lives under --workdir (default /tmp), never i
 
     python benchmarks/validate.py                      # 200,000 and 400,000 samples
     python benchmarks/validate.py --sizes 20000 40000  # a quick run
+    python benchmarks/validate.py --workers 1          # validate on one core
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[200_000, 400_000])
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--max-tokens", type=int, default=8192)
+    parser.add_argument("--workers", type=int, default=None, help="validate --workers")
     args = parser.parse_args()
 
     work = args.workdir / "mini-trainer-bench-validate"
@@ -125,7 +127,8 @@ def main() -> None:
         validate = measure(
             [sys.executable, "-m", "mini_trainer", "validate", str(data), "--model", str(model),
              "--max-tokens-per-gpu", str(args.max_tokens), "--out-index",
-             str(out / "index.parquet"), "--out-summary", str(out / "summary.json"), "--force"],
+             str(out / "index.parquet"), "--out-summary", str(out / "summary.json"), "--force",
+             *(["--workers", str(args.workers)] if args.workers else [])],
             env,
         )  # fmt: skip
         summary = json.loads((out / "summary.json").read_text())

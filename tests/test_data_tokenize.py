@@ -197,3 +197,18 @@ def test_refuses_to_overwrite_without_force(tokenizer, demo_model, tmp_path):
     result = run_cli("tokenize", chat, "--model", demo_model, "--out", out)
     assert result.returncode == 2 and "already exists" in result.stderr
     assert out.read_text() == "mine"
+
+
+def test_template_that_refuses_a_conversation_is_a_line_error(tokenizer, tmp_path):
+    strict = tokenizer.__class__.from_pretrained(tokenizer.name_or_path)
+    strict.chat_template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}"
+        + tokenizer.chat_template
+    )
+    chat, out = tmp_path / "chat.jsonl", tmp_path / "tokens.jsonl"
+    _write_jsonl(chat, [{"messages": m} for m in CONVERSATIONS])
+    with pytest.raises(UserError) as error:
+        tokenize_jsonl(strict, chat, out)
+    assert error.value.lines[0].startswith(f"{chat}:1: messages: the chat template refused it")
+    assert "no system role" in error.value.lines[0]
+    assert len(error.value.lines) == 2 and not out.exists()

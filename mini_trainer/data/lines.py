@@ -1,7 +1,7 @@
 """Streaming a JSONL file line by line with byte offsets, in constant memory.
 
-Both `validate` and `tokenize` read their input this way: one line in memory at a time, its
-1-based number and byte offset known (the index records them), and a progress bar by bytes
+`tokenize` reads its input this way (`validate` reads byte ranges in parallel, see `scan`): one
+line in memory at a time, its 1-based number and byte offset known, and a progress bar by bytes
 that only appears when stderr is a terminal.
 """
 

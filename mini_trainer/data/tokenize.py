@@ -105,6 +105,8 @@ def tokenize_jsonl(
     problem, and then `out_path` is not written. With `vocab_size` (the model's), a token id
     the model has no embedding for is an error too, so the output always passes `validate`.
     """
+    from jinja2 import TemplateError
+
     if on_long not in ON_LONG:
         raise ValueError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
     log = ProblemLog(str(in_path))
@@ -120,6 +122,9 @@ def tokenize_jsonl(
                 sample = tokenize_conversation(tokenizer, messages)
             except ValueError as error:
                 log.add(number, *_split_problem(str(error)))
+                continue
+            except TemplateError as error:  # e.g. "roles must alternate user/assistant"
+                log.add(number, "messages", f"the chat template refused it: {error}")
                 continue
             length = len(sample.input_ids)
             if vocab_size is not None and max(sample.input_ids) >= vocab_size:
