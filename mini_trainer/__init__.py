@@ -1,3 +1,21 @@
-"""mini-trainer: fast full fine-tuning of causal LMs, with OSFT for continual learning."""
+"""mini-trainer: fast full fine-tuning of causal LMs, with OSFT for continual learning.
+
+`from mini_trainer import run_training, TrainingArgs, TorchrunArgs` is the Python API; the
+names load lazily so that `import mini_trainer` stays cheap.
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["TorchrunArgs", "TrainingArgs", "TrainingFailed", "run_training", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in ("run_training", "TrainingFailed"):
+        from mini_trainer import api_train
+
+        return getattr(api_train, name)
+    if name in ("TrainingArgs", "TorchrunArgs"):
+        from mini_trainer import training_args
+
+        return getattr(training_args, name)
+    raise AttributeError(f"module 'mini_trainer' has no attribute {name!r}")

@@ -195,5 +195,22 @@ def tokenize(
     )
 
 
+@cli.command(
+    "train",
+    add_help_option=False,
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+)
+@click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
+def train(train_args: tuple[str, ...]) -> None:
+    """Run the training job (same flags as `python -m mini_trainer.train`; see --help).
+
+    Run it under torchrun, one process per GPU or per CPU slot:
+    torchrun --nproc-per-node N $(which mini-trainer) train --model-name-or-path M ...
+    """
+    from mini_trainer.train import main as train_main
+
+    sys.exit(train_main(list(train_args)))
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")

@@ -32,15 +32,7 @@ def atomic_path(path: str | os.PathLike, is_dir: bool = False) -> Iterator[Path]
     try:
         yield tmp
         if is_dir:
-            os.chmod(tmp, 0o755)
-            if final.exists():
-                old = _temp_sibling(final, is_dir=True)
-                os.rmdir(old)
-                os.replace(final, old)
-                os.replace(tmp, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
+            publish_dir(tmp, final)
         else:
             os.chmod(tmp, 0o644)
             os.replace(tmp, final)
@@ -50,6 +42,19 @@ def atomic_path(path: str | os.PathLike, is_dir: bool = False) -> Iterator[Path]
         else:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def publish_dir(tmp: Path, final: Path) -> None:
+    """Rename the complete folder `tmp` to `final`, replacing an older `final` if any."""
+    os.chmod(tmp, 0o755)
+    if not final.exists():
+        os.replace(tmp, final)
+        return
+    old = _temp_sibling(final, is_dir=True)
+    os.rmdir(old)
+    os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -54,3 +54,26 @@ def demo_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def demo_model(demo_dir) -> Path:
     return demo_dir / "model"
+
+
+def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:
+    """`torchrun --nproc-per-node N -m mini_trainer.train FLAGS` as an argv list."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(nproc), "-m", "mini_trainer.train", *map(str, train_flags),
+    ]  # fmt: skip
+
+
+def run_torchrun(*train_flags, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run a training job under real torchrun (gloo on CPU); fail the test if it fails."""
+    result = subprocess.run(
+        torchrun_command(*train_flags, nproc=nproc),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result

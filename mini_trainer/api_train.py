@@ -1,0 +1,57 @@
+"""Programmatic training: `run_training(TorchrunArgs(...), TrainingArgs(...))`.
+
+It launches the same torchrun job as the command line, with every `TrainingArgs` field turned
+into its flag by `to_cli_args`, streams the job's output, and raises with the output's tail when
+the job fails.
+"""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+
+from mini_trainer.training_args import TorchrunArgs, TrainingArgs, to_cli_args
+
+TAIL_LINES = 40
+
+
+class TrainingFailed(RuntimeError):
+    """The training job exited non-zero; `returncode` and `tail` (last output lines) tell why."""
+
+    def __init__(self, returncode: int, tail: list[str]):
+        self.returncode = returncode
+        self.tail = tail
+        super().__init__(
+            f"training failed with exit status {returncode}; last output:\n" + "".join(tail)
+        )
+
+
+def build_command(torchrun_args: TorchrunArgs, training_args: TrainingArgs) -> list[str]:
+    """The torchrun command line for these arguments."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        *torchrun_args.to_cli_args(),
+        "-m", "mini_trainer.train",
+        *to_cli_args(training_args),
+    ]  # fmt: skip
+
+
+def run_training(torchrun_args: TorchrunArgs, training_args: TrainingArgs, echo=True) -> None:
+    """Run the training job to completion; raise `TrainingFailed` if it fails.
+
+    The job's output is streamed line by line to stdout (unless `echo` is false).
+    """
+    command = build_command(torchrun_args, training_args)
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:
+            tail.append(line)
+            if echo:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+    if process.returncode != 0:
+        raise TrainingFailed(process.returncode, list(tail))

@@ -1,0 +1,179 @@
+"""Checkpoints: Hugging Face folders for use, full training states for exact resume.
+
+Both are written under a temporary name and renamed when complete, so a crash never leaves a
+half folder under the final name, and `--resume` only ever sees complete states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+
+from mini_trainer.io_utils import atomic_path, publish_dir
+from mini_trainer.training.distributed import Runtime, broadcast_object
+
+log = logging.getLogger("mini_trainer")
+
+SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+STATE_PATTERN = re.compile(r"^step_(\d+)$")
+TRAINER_STATE = "trainer_state.json"
+MAX_SHARD_BYTES = 5 * 1024**3
+
+
+def _shared_temp_dir(final: Path, runtime: Runtime) -> Path:
+    """A temporary sibling of `final` created by rank 0, its name known to every rank."""
+    name = None
+    if runtime.is_main:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        name = f".{final.name}.tmp-{os.getpid()}"
+        shutil.rmtree(final.parent / name, ignore_errors=True)
+        (final.parent / name).mkdir()
+    return final.parent / broadcast_object(name, runtime)
+
+
+# ---------------------------------------------------------------------------- HF export
+
+
+def save_hf_checkpoint(
+    model, config, model_path: str, final: Path, save_dtype: str, runtime: Runtime
+) -> None:
+    """Gather the full weights on rank 0 and write a loadable Hugging Face folder."""
+    state = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if runtime.is_main:
+        with atomic_path(final, is_dir=True) as tmp:
+            _write_hf_folder(state, config, model_path, tmp, SAVE_DTYPES[save_dtype])
+        log.info("saved %s", final)
+    dist.barrier()
+
+
+def _write_hf_folder(state: dict, config, model_path: str, out: Path, dtype) -> None:
+    from huggingface_hub import split_torch_state_dict_into_shards
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer, GenerationConfig
+
+    weights = {
+        key.removeprefix("model."): value.to(dtype).contiguous() for key, value in state.items()
+    }
+    if getattr(config, "tie_word_embeddings", False):
+        weights.pop("lm_head.weight", None)
+    split = split_torch_state_dict_into_shards(weights, max_shard_size=MAX_SHARD_BYTES)
+    for filename, keys in split.filename_to_tensors.items():
+        save_file({k: weights[k] for k in keys}, out / filename, metadata={"format": "pt"})
+    if split.is_sharded:
+        index = {
+            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in weights.values())},
+            "weight_map": split.tensor_to_filename,
+        }
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+    export_config = type(config).from_dict(config.to_dict())
+    export_config.use_cache = True  # trained without a cache; inference wants one
+    export_config.dtype = dtype
+    export_config.save_pretrained(out)
+    with contextlib.suppress(OSError):  # the base model may have no generation config
+        GenerationConfig.from_pretrained(model_path).save_pretrained(out)
+    try:
+        AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
+    except (OSError, ValueError):
+        log.warning("%s: no tokenizer to copy into the checkpoint", model_path)
+
+
+# ---------------------------------------------------------------------------- training state
+
+
+def save_state(
+    out_dir: Path, step: int, model, optimizer, trainer_state: dict, runtime: Runtime, keep: int
+) -> Path:
+    """Write `state/step_<step>/`: sharded model and optimizer, trainer state, RNG per rank."""
+    final = out_dir / "state" / f"step_{step}"
+    tmp = _shared_temp_dir(final, runtime)
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+    torch.save(_rng_state(), tmp / f"rng_rank{runtime.rank}.pt")
+    dist.barrier()
+    if runtime.is_main:
+        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+        publish_dir(tmp, final)
+        _prune_states(out_dir / "state", keep)
+        log.info("saved training state %s", final)
+    dist.barrier()
+    return final
+
+
+def newest_state(out_dir: Path) -> Path | None:
+    """The complete state folder with the highest step, or None (temporary ones ignored)."""
+    states = sorted(_complete_states(out_dir / "state"), key=lambda item: item[0])
+    return states[-1][1] if states else None
+
+
+def _complete_states(state_root: Path) -> list[tuple[int, Path]]:
+    if not state_root.is_dir():
+        return []
+    found = []
+    for path in state_root.iterdir():
+        match = STATE_PATTERN.match(path.name)
+        if match and (path / TRAINER_STATE).is_file():
+            found.append((int(match.group(1)), path))
+    return found
+
+
+def _prune_states(state_root: Path, keep: int) -> None:
+    states = sorted(_complete_states(state_root), key=lambda item: item[0])
+    for _, path in states[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)
+    for path in state_root.glob(".step_*.tmp-*"):  # left by a crashed save
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def load_state(path: Path, model, optimizer, runtime: Runtime) -> dict:
+    """Load a state written by `save_state` into `model` and `optimizer`; return trainer state."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    loaded = {"model": model_state, "optim": optim_state}
+    dcp.load(loaded, checkpoint_id=str(path))
+    set_state_dict(
+        model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optim"]
+    )
+    rng_file = path / f"rng_rank{runtime.rank}.pt"
+    if rng_file.is_file():
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    else:
+        log.warning("%s: no RNG state for rank %d (world size changed?)", path, runtime.rank)
+    return json.loads((path / TRAINER_STATE).read_text())
+
+
+def _rng_state() -> dict:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])

@@ -1,0 +1,95 @@
+"""Process group and device: the one place that decides CUDA or CPU.
+
+Everything GPU-specific hangs off `Runtime.is_cuda`; the rest of the engine is the same code on
+both, which is the code the CPU tests run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Where this process runs and who it is in the job."""
+
+    rank: int
+    """Global rank."""
+    local_rank: int
+    """Rank on this node; picks the GPU."""
+    world_size: int
+    """Number of processes in the job."""
+    device: torch.device
+    """cuda:<local_rank> on a GPU node, else cpu."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, local_rank, world_size) from torchrun's variables; a lone process is rank 0 of 1."""
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    return rank, local_rank, world_size
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_runtime() -> Runtime:
+    """Start the process group: nccl on CUDA, gloo on CPU. Works without torchrun too."""
+    rank, local_rank, world_size = env_world()
+    if "MASTER_ADDR" not in os.environ:  # a plain `python -m mini_trainer.train`: world of one
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    dist.init_process_group(
+        backend=backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=30)
+    )
+    return Runtime(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def broadcast_object(obj, runtime: Runtime):
+    """Rank 0's `obj` on every rank (pickled; for small objects and error reports)."""
+    box = [obj if runtime.is_main else None]
+    dist.broadcast_object_list(box, src=0, device=runtime.device if runtime.is_cuda else None)
+    return box[0]
+
+
+def all_reduce_sum(values: list[float], runtime: Runtime) -> list[float]:
+    """Sum floats over ranks in one collective (fp64 so token counts stay exact)."""
+    tensor = torch.tensor(values, dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def all_reduce_max(values: list[float], runtime: Runtime) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=runtime.device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return tensor.tolist()

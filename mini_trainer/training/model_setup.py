@@ -1,0 +1,134 @@
+"""Build the sharded training model: loaded once on rank 0, FSDP2 shards everywhere.
+
+Every rank builds the architecture on the meta device (no memory), shards it with `fully_shard`
+per decoder block and then the root, and allocates only its shards. Rank 0 alone reads the
+weights from disk and they are broadcast into the shards, so host memory does not grow with the
+number of ranks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+from mini_trainer.errors import UserError
+from mini_trainer.training.distributed import Runtime, broadcast_object
+
+log = logging.getLogger("mini_trainer")
+
+
+class CausalLMWithLoss(nn.Module):
+    """A causal LM whose forward returns the summed token loss of a packed row.
+
+    The loss is computed from the last hidden states and the output embedding by `loss_fn`
+    (chunked or Liger), so the tokens x vocabulary logits are never materialised. Being the FSDP
+    root, this module's forward runs with the root's parameters (embeddings, final norm, LM head)
+    unsharded, so `lm_head.weight` can be handed to the loss directly.
+    """
+
+    def __init__(self, model: nn.Module, loss_fn):
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, input_ids, position_ids, target_ids) -> torch.Tensor:
+        hidden = self.model.get_decoder()(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
+        weight = self.model.get_output_embeddings().weight
+        return self.loss_fn(hidden.flatten(0, 1), weight, target_ids.flatten())
+
+
+def pick_attention(runtime: Runtime) -> str:
+    """flash_attention_2 when it imports on CUDA, else sdpa (both isolate packed sequences)."""
+    if runtime.is_cuda and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated decoder blocks, each of which becomes one FSDP unit."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None:
+        raise UserError(f"{type(model).__name__}: no decoder .layers to shard (unsupported model)")
+    return list(layers)
+
+
+def load_config(model_path: str, attention: str):
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model_path)
+    except (OSError, ValueError) as error:
+        raise UserError(f"{model_path}: not a readable model folder ({error})") from None
+    config.use_cache = False  # a cache makes packed sequences attend to each other
+    config._attn_implementation = attention
+    return config
+
+
+def load_weights(model_path: str, config) -> tuple[dict, dict]:
+    """Rank 0 only: (fp32 state dict, every buffer), keyed as in `CausalLMWithLoss`.
+
+    Buffers are returned apart because non-persistent ones (rotary frequencies) are not in the
+    state dict, yet the other ranks, built on the meta device, need their values too.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32)
+    state = {f"model.{key}": value for key, value in model.state_dict().items()}
+    buffers = {f"model.{key}": value.clone() for key, value in model.named_buffers()}
+    return state, buffers
+
+
+def build_model(
+    model_path: str, loss_fn, runtime: Runtime, activation_checkpointing: bool, cpu_offload: bool
+) -> tuple[CausalLMWithLoss, object]:
+    """The FSDP2-sharded training model and its config, weights loaded from `model_path`."""
+    from transformers import AutoModelForCausalLM
+
+    attention = pick_attention(runtime)
+    config = load_config(model_path, attention)
+    if runtime.is_main:
+        log.info("attention implementation: %s", attention)
+    full_state, buffers = load_weights(model_path, config) if runtime.is_main else ({}, {})
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    wrapped = CausalLMWithLoss(model, loss_fn)
+
+    if cpu_offload and not runtime.is_cuda:
+        raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")
+    shard_kwargs = {}
+    if runtime.is_cuda:  # bf16 compute, fp32 master weights and gradient reduction
+        shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    if cpu_offload:
+        shard_kwargs["offload_policy"] = CPUOffloadPolicy()
+    for layer in decoder_layers(model):
+        fully_shard(layer, **shard_kwargs)
+    fully_shard(wrapped, **shard_kwargs)
+
+    wrapped.to_empty(device="cpu" if cpu_offload else runtime.device)
+    set_model_state_dict(
+        wrapped,
+        full_state,
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    _set_buffers(wrapped, broadcast_object(buffers, runtime), runtime.device)
+    return wrapped, config
+
+
+def _set_buffers(module: nn.Module, values: dict[str, torch.Tensor], device) -> None:
+    """Give every buffer rank 0's value, on the compute device (also under CPU offload)."""
+    for name, _ in list(module.named_buffers()):
+        owner_name, _, buffer_name = name.rpartition(".")
+        owner = module.get_submodule(owner_name)
+        owner._buffers[buffer_name] = values[name].to(device)

@@ -1,0 +1,273 @@
+"""`TrainingArgs` and `TorchrunArgs`: the training job's arguments, validated once.
+
+Every `TrainingArgs` field is a `--kebab-case` flag of `python -m mini_trainer.train` (and of
+`mini-trainer train`); `to_cli_args` turns the dataclass back into those flags, so the Python API
+forwards every field by construction. Each field's help text lives in its metadata and is the
+flag's `--help`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from mini_trainer.errors import UserError
+
+SCHEDULERS = (
+    "constant",
+    "constant_with_warmup",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+)
+"""transformers schedulers that step once per optimizer step (no metric, no extra kwargs)."""
+
+SCHEDULERS_NEEDING_TOTAL = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "cosine_with_min_lr",
+    "warmup_stable_decay",
+)
+TRAINING_MODES = ("epoch", "step", "token", "infinite")
+SAVE_DTYPES = ("float32", "bfloat16", "float16")
+OSFT_RANK_MODES = ("uniform", "adaptive")
+
+
+def _arg(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:
+    """A dataclass field whose help text becomes the CLI flag's help."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
+@dataclass
+class TrainingArgs:
+    """Arguments of one training job; see DESIGN.md's training flags."""
+
+    model_name_or_path: str = _arg(help="Hugging Face model folder (or hub id) to fine-tune.")
+    data_path: str = _arg(help="Pre-tokenized JSONL (input_ids, labels[, len]).")
+    output_dir: str = _arg(help="Where checkpoints, state and metrics go.")
+    batch_size: int = _arg(32, "Samples per optimizer step, over all ranks.")
+    max_tokens_per_gpu: int = _arg(8192, "Token cap per rank per micro-batch.")
+    learning_rate: float = _arg(1e-5, "Peak learning rate.")
+    num_warmup_steps: int = _arg(0, "Linear warm-up steps of the scheduler.")
+    lr_scheduler: str = _arg("constant_with_warmup", f"One of: {', '.join(SCHEDULERS)}.")
+    seed: int = _arg(42, "Seeds the sample order, and every rank's RNGs.")
+    use_liger_kernels: bool = _arg(False, "Liger fused linear cross-entropy (CUDA only).")
+    osft: bool = _arg(False, "Orthogonal Subspace Fine-Tuning (not available in this version).")
+    osft_unfreeze_rank_ratio: float | None = _arg(
+        None, "OSFT: share of each targeted weight's rank that trains (0.0 to 1.0)."
+    )
+    osft_target_patterns: list[str] | None = _arg(
+        None, "OSFT: substrings of parameter names to factorize.", nargs="+"
+    )
+    max_epochs: int = _arg(1, "Epochs to train (training mode epoch).")
+    max_steps: int | None = _arg(None, "Optimizer steps to train (training mode step).")
+    max_tokens: int | None = _arg(None, "Loss tokens to train on (training mode token).")
+    training_mode: str = _arg("epoch", f"When to stop: {', '.join(TRAINING_MODES)}.")
+    checkpoint_at_epoch: bool = _arg(False, "Write hf_format/samples_<N>/ after every epoch.")
+    min_samples_per_checkpoint: int | None = _arg(
+        None, "Write hf_format/samples_<N>/ each time this many more samples have been seen."
+    )
+    save_final_checkpoint: bool = _arg(False, "Write final/ when training ends.")
+    wandb_project: str | None = _arg(None, "Log to this Weights & Biases project.")
+    wandb_run_name: str | None = _arg(None, "Weights & Biases run name.")
+    wandb_entity: str | None = _arg(None, "Weights & Biases entity (team or user).")
+    data_index: str | None = _arg(
+        None, "Lengths index from `mini-trainer validate`; built (same checks) when omitted."
+    )
+    resume: bool = _arg(False, "Continue from the newest complete state/step_<K>/.")
+    save_every_steps: int | None = _arg(None, "Write state/step_<K>/ every K optimizer steps.")
+    keep_states: int = _arg(2, "Keep only the newest N state folders.")
+    activation_checkpointing: bool = _arg(False, "Recompute activations in backward.")
+    cpu_offload: bool = _arg(False, "FSDP2 CPU offload of parameters and gradients (CUDA).")
+    save_dtype: str = _arg("bfloat16", f"Dtype of exported weights: {', '.join(SAVE_DTYPES)}.")
+    beta1: float = _arg(0.9, "AdamW beta1.")
+    beta2: float = _arg(0.95, "AdamW beta2.")
+    eps: float = _arg(1e-8, "AdamW epsilon.")
+    weight_decay: float = _arg(0.0, "AdamW decoupled weight decay.")
+    grad_clip: float = _arg(1.0, "Clip the global gradient norm to this (0 disables).")
+    osft_svd_cache: str | None = _arg(None, "OSFT: folder of cached SVD factors.")
+    osft_freeze_non_targets: bool = _arg(False, "OSFT: freeze parameters that are not targeted.")
+    osft_rank_mode: str = _arg("uniform", f"OSFT: {' or '.join(OSFT_RANK_MODES)}.")
+    osft_min_frozen_ratio: float | None = _arg(None, "OSFT adaptive: least frozen share.")
+    osft_max_frozen_ratio: float | None = _arg(None, "OSFT adaptive: most frozen share.")
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise UserError(*problems)
+
+    def _problems(self):
+        for name in ("model_name_or_path", "data_path", "output_dir"):
+            if not getattr(self, name):
+                yield f"--{_flag(name)}: required"
+        for name in ("batch_size", "max_tokens_per_gpu", "keep_states"):
+            if getattr(self, name) < 1:
+                yield f"--{_flag(name)}: must be at least 1, got {getattr(self, name)}"
+        for name in (
+            "max_epochs",
+            "max_steps",
+            "max_tokens",
+            "save_every_steps",
+            "min_samples_per_checkpoint",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                yield f"--{_flag(name)}: must be at least 1, got {value}"
+        if not (self.learning_rate >= 0 and math.isfinite(self.learning_rate)):
+            yield f"--learning-rate: must be a finite number >= 0, got {self.learning_rate}"
+        if self.num_warmup_steps < 0:
+            yield f"--num-warmup-steps: must be >= 0, got {self.num_warmup_steps}"
+        yield from _choice("lr_scheduler", self.lr_scheduler, SCHEDULERS)
+        yield from _choice("training_mode", self.training_mode, TRAINING_MODES)
+        yield from _choice("save_dtype", self.save_dtype, SAVE_DTYPES)
+        yield from _choice("osft_rank_mode", self.osft_rank_mode, OSFT_RANK_MODES)
+        if self.training_mode in TRAINING_MODES:
+            needed = {"step": "max_steps", "token": "max_tokens"}
+            limit = needed.get(self.training_mode)
+            if limit and getattr(self, limit) is None:
+                yield f"--{_flag(limit)}: required with --training-mode {self.training_mode}"
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                yield f"--{name}: must be in [0, 1), got {getattr(self, name)}"
+        if self.eps <= 0:
+            yield f"--eps: must be > 0, got {self.eps}"
+        if self.weight_decay < 0:
+            yield f"--weight-decay: must be >= 0, got {self.weight_decay}"
+        if self.grad_clip < 0:
+            yield f"--grad-clip: must be >= 0 (0 disables), got {self.grad_clip}"
+        for name in ("osft_unfreeze_rank_ratio", "osft_min_frozen_ratio", "osft_max_frozen_ratio"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                yield f"--{_flag(name)}: must be in [0, 1], got {value}"
+        if self.osft and self.osft_unfreeze_rank_ratio is None:
+            yield "--osft-unfreeze-rank-ratio: required with --osft"
+
+    @property
+    def scheduler_needs_total_steps(self) -> bool:
+        return self.lr_scheduler in SCHEDULERS_NEEDING_TOTAL
+
+
+@dataclass
+class TorchrunArgs:
+    """How `api_train.run_training` launches torchrun."""
+
+    nproc_per_node: int = 1
+    """Processes on this node: one per GPU, or per CPU slot with gloo."""
+    nnodes: int = 1
+    """Nodes in the job."""
+    node_rank: int = 0
+    """This node's rank (ignored for a single node)."""
+    rdzv_id: str = "mini-trainer"
+    """Rendezvous id shared by the job's nodes."""
+    rdzv_endpoint: str = ""
+    """host:port of the rendezvous for several nodes; a single node runs standalone."""
+
+    def __post_init__(self) -> None:
+        if self.nproc_per_node < 1 or self.nnodes < 1:
+            raise UserError("torchrun: nproc_per_node and nnodes must be at least 1")
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise UserError("torchrun: rdzv_endpoint (host:port) is required with several nodes")
+
+    def to_cli_args(self) -> list[str]:
+        if self.nnodes == 1:
+            return ["--standalone", "--nnodes", "1", "--nproc-per-node", str(self.nproc_per_node)]
+        return [
+            "--nnodes",
+            str(self.nnodes),
+            "--nproc-per-node",
+            str(self.nproc_per_node),
+            "--node-rank",
+            str(self.node_rank),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-id",
+            self.rdzv_id,
+            "--rdzv-endpoint",
+            self.rdzv_endpoint,
+        ]
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]):
+    if value not in choices:
+        yield f"--{_flag(name)}: unknown value {value!r} (one of {', '.join(choices)})"
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def _base_type(annotation: Any) -> type:
+    """`int | None` -> int, `list[str] | None` -> list."""
+    hint = annotation
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return typing.get_origin(hint) or hint
+
+
+def _field_types() -> dict[str, type]:
+    hints = typing.get_type_hints(TrainingArgs)
+    return {f.name: _base_type(hints[f.name]) for f in dataclasses.fields(TrainingArgs)}
+
+
+def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.ArgumentParser:
+    """The argparse parser of the training job, generated from `TrainingArgs`."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Full fine-tuning job. Run under torchrun, one process per GPU (or per CPU "
+        "slot with gloo): torchrun --nproc-per-node N -m mini_trainer.train --model-name-or-path "
+        "M --data-path D --output-dir OUT.",
+        argument_default=argparse.SUPPRESS,
+    )
+    types_by_name = _field_types()
+    for f in dataclasses.fields(TrainingArgs):
+        kind = types_by_name[f.name]
+        flag = f"--{_flag(f.name)}"
+        help_text = f.metadata["help"]
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if not required and f.default not in (None, False):
+            help_text += f" (default: {f.default})"
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", help=help_text)
+        elif kind is list:
+            parser.add_argument(flag, nargs="+", help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, required=required, help=help_text)
+    return parser
+
+
+def parse_training_args(argv: list[str] | None = None) -> TrainingArgs:
+    """Parse flags into a validated `TrainingArgs` (argparse exits 2 on unknown flags)."""
+    namespace = build_parser().parse_args(argv)
+    return TrainingArgs(**vars(namespace))
+
+
+def to_cli_args(args: TrainingArgs) -> list[str]:
+    """The flags that `parse_training_args` turns back into `args` (every field)."""
+    out: list[str] = []
+    types_by_name = _field_types()
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        flag = f"--{_flag(f.name)}"
+        if types_by_name[f.name] is bool:
+            if value:
+                out.append(flag)
+        elif value is None:
+            continue
+        elif isinstance(value, list):
+            out += [flag, *map(str, value)]
+        else:
+            out += [flag, repr(value) if isinstance(value, float) else str(value)]
+    return out

@@ -1,0 +1,253 @@
+"""The training engine end to end: real torchrun, gloo, FSDP2 on CPU, the demo model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO_ROOT, run_torchrun, subprocess_env, torchrun_command
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.slow
+
+
+def base_flags(demo_dir, out, task="increment", **overrides):
+    flags = {
+        "model-name-or-path": demo_dir / "model",
+        "data-path": demo_dir / "data" / f"{task}.train.jsonl",
+        "output-dir": out,
+        "batch-size": 16,
+        "max-tokens-per-gpu": 512,
+        "learning-rate": 3e-3,
+        "save-dtype": "float32",
+        "seed": 7,
+    }
+    flags.update(overrides)
+    argv = []
+    for key, value in flags.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is not None and value is not False:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def final_weights(out):
+    return load_file(out / "final" / "model.safetensors")
+
+
+def assert_weights_close(a, b, rtol):
+    assert a.keys() == b.keys()
+    for key in a:
+        diff = (a[key] - b[key]).abs().max().item()
+        scale = b[key].abs().max().item()
+        assert diff <= rtol * max(scale, 1e-12), f"{key}: max diff {diff:.3g} (scale {scale:.3g})"
+
+
+def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    run_torchrun(
+        *base_flags(
+            demo_dir,
+            out,
+            **{
+                "training-mode": "step",
+                "max-steps": 60,
+                "save-every-steps": 60,
+                "save-final-checkpoint": True,
+                "lr-scheduler": "cosine",
+                "num-warmup-steps": 5,
+            },
+        )
+    )
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == list(range(1, 61))
+    first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
+    assert last < 0.6 * first, (first, last)
+    for field in (
+        "epoch",
+        "lr",
+        "grad_norm",
+        "num_loss_tokens",
+        "num_tokens",
+        "num_micro_batches",
+        "samples_seen",
+        "tokens_per_second",
+        "step_time_s",
+        "peak_memory_gb",
+        "timestamp",
+    ):
+        assert field in rows[-1]
+    assert rows[-1]["samples_seen"] == 60 * 16
+    args = json.loads((out / "training_args.json").read_text())
+    assert args["max_steps"] == 60 and args["lr_scheduler"] == "cosine"
+
+    # final/ holds exactly the training model's weights: compare with the sharded state.
+    exported = AutoModelForCausalLM.from_pretrained(out / "final").eval()
+    trained = AutoModelForCausalLM.from_pretrained(demo_dir / "model").eval()
+    state = {"model": {f"model.{k}": v for k, v in trained.state_dict().items()}}
+    dcp.load(state, checkpoint_id=str(out / "state" / "step_60"))
+    trained.load_state_dict({k.removeprefix("model."): v for k, v in state["model"].items()})
+    ids = torch.tensor(
+        [
+            json.loads(line)["input_ids"]
+            for line in (demo_dir / "data/increment.eval.jsonl").read_text().splitlines()[:1]
+        ]
+    )
+    with torch.no_grad():
+        expected = trained(input_ids=ids, use_cache=False).logits
+        got = exported(input_ids=ids).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(
+        got, AutoModelForCausalLM.from_pretrained(demo_dir / "model")(input_ids=ids).logits
+    ), "the exported model is still the untrained one"
+
+
+def _one_step(demo_dir, data, out, nproc, cap):
+    run_torchrun(
+        *base_flags(
+            demo_dir,
+            out,
+            **{
+                "data-path": data,
+                "training-mode": "step",
+                "max-steps": 1,
+                "batch-size": 24,
+                "max-tokens-per-gpu": cap,
+                "save-final-checkpoint": True,
+                "learning-rate": 1.0,
+                "eps": 1.0,
+                "grad-clip": 0,
+                "weight-decay": 0.0,
+            },
+        ),
+        nproc=nproc,
+    )
+    return read_metrics(out)[0], final_weights(out)
+
+
+def _cap_for_micro_batches(data, wanted, ranks):
+    """The token cap under which the file's 24 samples pack into `wanted` micro-batches."""
+    from mini_trainer.batching.collator import plan_step
+    from mini_trainer.data.validate import build_index
+
+    index, _ = build_index(data, 10**6, 10**6)
+    lengths, loss_tokens = index["len"].to_numpy(), index["loss_tokens"].to_numpy()
+    everything = np.arange(len(index))
+    for cap in range(int(lengths.max()), int(lengths.sum()) + 1):
+        if plan_step(everything, lengths, loss_tokens, ranks, cap).num_micro_batches == wanted:
+            return cap
+    raise AssertionError(f"no cap gives {wanted} micro-batches")
+
+
+def test_step_is_exact_whatever_the_split(demo_dir, tmp_path):
+    # One global batch of 24 samples of widely varying lengths (the file's first 24 under 100).
+    lines = (demo_dir / "data/increment.train.jsonl").read_text().splitlines()
+    short = [line for line in lines if json.loads(line)["len"] < 100][:24]
+    data = tmp_path / "batch.jsonl"
+    data.write_text("\n".join(short) + "\n")
+
+    whole_row, whole = _one_step(demo_dir, data, tmp_path / "one", 1, 100_000)
+    six_row, six = _one_step(
+        demo_dir, data, tmp_path / "six", 1, _cap_for_micro_batches(data, 6, 1)
+    )
+    two_row, two = _one_step(
+        demo_dir, data, tmp_path / "two", 2, _cap_for_micro_batches(data, 3, 2)
+    )
+    assert whole_row["num_micro_batches"] == 1
+    assert six_row["num_micro_batches"] == 6
+    assert two_row["num_micro_batches"] == 3
+    for row in (six_row, two_row):
+        assert row["num_loss_tokens"] == whole_row["num_loss_tokens"]
+        assert row["loss"] == pytest.approx(whole_row["loss"], rel=1e-5)
+        assert row["grad_norm"] == pytest.approx(whole_row["grad_norm"], rel=1e-5)
+    base = load_file(demo_dir / "model" / "model.safetensors")
+    moved = max((whole[k] - base[k]).abs().max().item() for k in base)
+    assert moved > 1e-4, "the step did not change the weights"
+    assert_weights_close(six, whole, rtol=1e-5)
+    assert_weights_close(two, whole, rtol=1e-5)
+
+
+def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
+    flags = {
+        "training-mode": "step",
+        "max-steps": 20,
+        "save-final-checkpoint": True,
+        "batch-size": 32,
+    }
+    straight = tmp_path / "straight"
+    run_torchrun(*base_flags(demo_dir, straight, **flags))
+
+    killed = tmp_path / "killed"
+    argv = torchrun_command(*base_flags(demo_dir, killed, **flags, **{"save-every-steps": 10}))
+    process = subprocess.Popen(
+        argv,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 300
+    while not (killed / "state" / "step_10").exists():
+        assert process.poll() is None, "the run ended before saving step 10"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    assert not (killed / "final").exists(), "the run finished before it was killed"
+
+    run_torchrun(*base_flags(demo_dir, killed, **flags, **{"save-every-steps": 10, "resume": True}))
+    assert [r["step"] for r in read_metrics(killed)] == list(range(1, 21))
+    assert_weights_close(final_weights(killed), final_weights(straight), rtol=1e-6)
+    states = sorted(p.name for p in (killed / "state").iterdir())
+    assert states == ["step_10", "step_20"]
+
+
+def test_sigterm_saves_state_and_exits_with_documented_status(demo_dir, tmp_path):
+    from mini_trainer.training.preemption import EXIT_PREEMPTED
+
+    out = tmp_path / "run"
+    argv = [
+        sys.executable,
+        "-m",
+        "mini_trainer.train",
+        *base_flags(demo_dir, out, **{"training-mode": "infinite"}),
+    ]
+    process = subprocess.Popen(
+        argv,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == EXIT_PREEMPTED, stderr
+    assert "Traceback" not in stderr
+    assert "stopped by SIGTERM" in stderr
+    states = list((out / "state").iterdir())
+    assert len(states) == 1 and states[0].name.startswith("step_")
+    step = int(states[0].name.removeprefix("step_"))
+    assert read_metrics(out)[-1]["step"] == step
+    assert (states[0] / "trainer_state.json").is_file()

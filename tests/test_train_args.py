@@ -1,0 +1,147 @@
+"""Training arguments: one clear line per bad argument, and the API forwards every field."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import typing
+
+import pytest
+from conftest import REPO_ROOT, subprocess_env
+
+from mini_trainer.api_train import TrainingFailed, build_command, run_training
+from mini_trainer.training_args import (
+    TorchrunArgs,
+    TrainingArgs,
+    _base_type,
+    parse_training_args,
+    to_cli_args,
+)
+
+
+def run_train_module(*flags, **env):
+    return subprocess.run(
+        [sys.executable, "-m", "mini_trainer.train", *map(str, flags)],
+        capture_output=True, text=True, env=subprocess_env(**env), cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def good_flags(demo_dir, tmp_path):
+    return [
+        "--model-name-or-path", demo_dir / "model",
+        "--data-path", demo_dir / "data/sort.train.jsonl",
+        "--output-dir", tmp_path / "out",
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("extra", "env", "expected"),
+    [
+        (["--osft", "--osft-unfreeze-rank-ratio", "1.5"], {},
+         "--osft-unfreeze-rank-ratio: must be in [0, 1], got 1.5"),
+        (["--lr-scheduler", "warp"], {}, "--lr-scheduler: unknown value 'warp'"),
+        (["--batch-size", "1"], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"},
+         "--batch-size: 1 is smaller than the number of ranks (2)"),
+        (["--training-mode", "step"], {}, "--max-steps: required with --training-mode step"),
+        (["--max-tokens-per-gpu", "0"], {}, "--max-tokens-per-gpu: must be at least 1, got 0"),
+    ],
+)  # fmt: skip
+def test_bad_arguments_give_one_clear_line(good_flags, extra, env, expected):
+    result = run_train_module(*good_flags, *extra, **env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == [f"error: {expected}"] or (
+        len(lines) == 1 and lines[0].startswith(f"error: {expected}")
+    ), result.stderr
+
+
+def test_missing_data_file_is_named(demo_dir, tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    result = run_train_module(
+        "--model-name-or-path", demo_dir / "model", "--data-path", missing,
+        "--output-dir", tmp_path / "out",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: {missing}: --data-path: no such file"
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_run_is_not_overwritten(good_flags, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "metrics.jsonl").write_text('{"step": 1}\n')
+    result = run_train_module(*good_flags)
+    assert result.returncode == 2
+    assert "already holds a training run" in result.stderr
+    assert (tmp_path / "out" / "metrics.jsonl").read_text() == '{"step": 1}\n'
+
+
+def test_train_help_is_the_same_through_the_cli():
+    from conftest import run_cli
+
+    via_cli = run_cli("train", "--help", check=True).stdout
+    via_module = run_train_module("--help").stdout
+    assert "--max-tokens-per-gpu" in via_cli
+    assert via_cli.split("options:")[1] == via_module.split("options:")[1]
+
+
+def _non_default(field: dataclasses.Field, kind: type):
+    """A value for `field` that differs from its default."""
+    if kind is bool:
+        return True
+    if kind is list:
+        return ["q_proj", "v_proj"]
+    if field.name == "lr_scheduler":
+        return "cosine"
+    if field.name == "training_mode":
+        return "step"
+    if field.name == "save_dtype":
+        return "float16"
+    if field.name == "osft_rank_mode":
+        return "adaptive"
+    if kind is float:
+        return 0.25 if field.default in (None, dataclasses.MISSING) else field.default / 2 + 0.125
+    if kind is int:
+        return 3 if field.default in (None, dataclasses.MISSING) else field.default + 3
+    return f"value-of-{field.name}"
+
+
+def test_every_training_field_is_forwarded():
+    hints = typing.get_type_hints(TrainingArgs)
+    fields = dataclasses.fields(TrainingArgs)
+    values = {f.name: _non_default(f, _base_type(hints[f.name])) for f in fields}
+    args = TrainingArgs(**values)
+    for f in fields:
+        assert getattr(args, f.name) != f.default, f.name
+    command = build_command(TorchrunArgs(nproc_per_node=2), args)
+    train_argv = command[command.index("mini_trainer.train") + 1 :]
+    assert parse_training_args(train_argv) == args
+    assert "--nproc-per-node" in command and "2" in command
+
+
+def test_defaults_round_trip():
+    args = TrainingArgs(model_name_or_path="m", data_path="d", output_dir="o")
+    assert parse_training_args(to_cli_args(args)) == args
+
+
+@pytest.mark.slow
+def test_run_training_api(demo_dir, tmp_path, monkeypatch):
+    for key, value in subprocess_env().items():
+        monkeypatch.setenv(key, value)
+    args = TrainingArgs(
+        model_name_or_path=str(demo_dir / "model"),
+        data_path=str(demo_dir / "data/reverse.train.jsonl"),
+        output_dir=str(tmp_path / "api"),
+        batch_size=8, max_tokens_per_gpu=512, training_mode="step", max_steps=3,
+        save_final_checkpoint=True,
+    )  # fmt: skip
+    run_training(TorchrunArgs(nproc_per_node=2), args, echo=False)
+    assert (tmp_path / "api" / "final" / "config.json").is_file()
+    assert len((tmp_path / "api" / "metrics.jsonl").read_text().splitlines()) == 3
+
+    bad = dataclasses.replace(args, output_dir=str(tmp_path / "bad"), max_tokens_per_gpu=8)
+    with pytest.raises(TrainingFailed) as failure:
+        run_training(TorchrunArgs(nproc_per_node=1), bad, echo=False)
+    assert failure.value.returncode != 0
+    assert "more than --max-tokens-per-gpu 8" in "".join(failure.value.tail)
