@@ -24,6 +24,7 @@ import torch
 
 from mini_trainer.batching.collator import collate_packed, plan_step
 from mini_trainer.demo.assets import DemoSpec, build_demo_assets
+from mini_trainer.training import packed_attention
 from mini_trainer.training.loss import chunked_linear_cross_entropy
 
 
@@ -128,17 +129,19 @@ def main() -> None:
         results = {}
         for name in ("padded", "packed"):  # padded first: no warm-up advantage for packed
             torch.manual_seed(0)
+            # Each side with the attention it is made for: per-sample sdpa for packed rows
+            # (what mini_trainer.train uses on CPU), masked sdpa for padded batches.
+            attention = packed_attention.register() if name == "packed" else "sdpa"
             model = AutoModelForCausalLM.from_pretrained(
-                Path(tmp) / "model", attn_implementation="sdpa"
+                Path(tmp) / "model", attn_implementation=attention
             ).train()
             if name == "packed":
                 seconds, tokens = run_packed(model, samples, args)
             else:
                 seconds, tokens = run_padded(model, samples, args, pad_id=0)
             results[name] = (seconds, tokens)
-            print(
-                f"{name:>7}: {tokens} real tokens in {seconds:.1f} s = {tokens / seconds:,.0f} tok/s"
-            )
+            rate = tokens / seconds
+            print(f"{name:>7}: {tokens} real tokens in {seconds:.1f} s = {rate:,.0f} tok/s")
     (padded_s, padded_t), (packed_s, packed_t) = results["padded"], results["packed"]
     assert packed_t == padded_t, "both sides must train on the same tokens"
     ratio = (packed_t / packed_s) / (padded_t / padded_s)

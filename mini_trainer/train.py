@@ -288,7 +288,14 @@ def load_dataset(args: TrainingArgs, runtime):
     from mini_trainer.training.distributed import broadcast_object
 
     if args.data_index:
-        return IndexedJsonlDataset.open(args.data_path, args.data_index)
+        dataset = IndexedJsonlDataset.open(args.data_path, args.data_index)
+        longest = int(dataset.lengths.max())
+        if longest > args.max_tokens_per_gpu:
+            raise UserError(
+                f"{args.data_index}: --data-index: holds a {longest}-token sample, more than "
+                f"--max-tokens-per-gpu {args.max_tokens_per_gpu} (validate with that cap)"
+            )
+        return dataset
     outcome = None
     if runtime.is_main:
         try:

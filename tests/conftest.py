@@ -64,13 +64,15 @@ def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:
     ]  # fmt: skip
 
 
-def run_torchrun(*train_flags, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_torchrun(
+    *train_flags, nproc: int = 2, timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
     """Run a training job under real torchrun (gloo on CPU); fail the test if it fails."""
     result = subprocess.run(
         torchrun_command(*train_flags, nproc=nproc),
         capture_output=True,
         text=True,
-        env=subprocess_env(),
+        env=subprocess_env(**(env or {})),
         cwd=REPO_ROOT,
         timeout=timeout,
     )

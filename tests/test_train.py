@@ -251,3 +251,44 @@ def test_sigterm_saves_state_and_exits_with_documented_status(demo_dir, tmp_path
     step = int(states[0].name.removeprefix("step_"))
     assert read_metrics(out)[-1]["step"] == step
     assert (states[0] / "trainer_state.json").is_file()
+
+
+def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_path):
+    from conftest import run_cli
+
+    data = demo_dir / "data" / "sort.train.jsonl"
+    index = tmp_path / "sort.parquet"
+    run_cli(
+        "validate", data, "--model", demo_dir / "model", "--max-tokens-per-gpu", 512,
+        "--out-index", index, "--out-summary", tmp_path / "sort.json", check=True,
+    )  # fmt: skip
+    out = tmp_path / "run"
+    run_torchrun(
+        *base_flags(
+            demo_dir,
+            out,
+            task="sort",
+            **{
+                "data-index": index,
+                "activation-checkpointing": True,
+                "wandb-project": "mini-trainer-test",
+                "training-mode": "step",
+                "max-steps": 3,
+            },
+        ),
+        env={"WANDB_MODE": "offline"},
+    )
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and any(runs[0].glob("*.wandb")), runs
+
+    # An index validated for a larger cap than the job's is refused with one clear line.
+    result = subprocess.run(
+        [sys.executable, "-m", "mini_trainer.train",
+         *base_flags(demo_dir, tmp_path / "small", task="sort",
+                     **{"data-index": index, "max-tokens-per-gpu": 64})],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--data-index: holds a" in result.stderr and "--max-tokens-per-gpu 64" in result.stderr
+    assert not (tmp_path / "small" / "metrics.jsonl").exists()

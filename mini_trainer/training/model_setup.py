@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from mini_trainer.errors import UserError
+from mini_trainer.training import packed_attention
 from mini_trainer.training.distributed import Runtime, broadcast_object
 
 log = logging.getLogger("mini_trainer")
@@ -45,10 +46,13 @@ class CausalLMWithLoss(nn.Module):
 
 
 def pick_attention(runtime: Runtime) -> str:
-    """flash_attention_2 when it imports on CUDA, else sdpa (both isolate packed sequences)."""
+    """flash_attention_2 when it imports on CUDA, else sdpa run per packed sample.
+
+    Both isolate the samples of a packed row and cost the samples' own attention.
+    """
     if runtime.is_cuda and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
-    return "sdpa"
+    return packed_attention.register()
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

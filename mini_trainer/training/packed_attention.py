@@ -1,0 +1,93 @@
+"""Attention for packed rows that costs sum(len_i^2), not (sum len_i)^2.
+
+Hugging Face's sdpa and eager paths isolate packed sequences with a block-diagonal T x T mask,
+so a row of many short samples pays attention over the whole row, then throws most of it away.
+This implementation finds each sample's span from the position ids (which restart at 0 per
+sample) and runs causal `scaled_dot_product_attention` on each span alone: exact, no mask
+tensor, and the cost of the samples themselves. It is the CPU path and the fallback on CUDA
+without flash-attention (whose varlen kernel does the same in one launch).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+NAME = "mini_trainer_packed_sdpa"
+
+
+def segment_bounds(position_ids: torch.Tensor) -> list[int]:
+    """[0, s1, s2, ..., T]: where each packed sample starts in one row of position ids."""
+    starts = torch.nonzero(position_ids == 0).flatten().tolist()
+    if not starts or starts[0] != 0:
+        starts = [0, *starts]
+    return [*starts, position_ids.numel()]
+
+
+def packed_sdpa_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Hugging Face attention-interface signature; q/k/v are (batch, heads, tokens, head_dim)."""
+    position_ids = kwargs.get("position_ids")
+    gqa = query.shape[1] != key.shape[1]
+    dropout_p = dropout if module.training else 0.0
+    if attention_mask is not None or position_ids is None:  # padded or plain input
+        mask = _causal_padding_mask(attention_mask, query.shape[2], key.shape[2], query.device)
+        output = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout_p,
+            is_causal=mask is None, scale=scaling, enable_gqa=gqa,
+        )  # fmt: skip
+        return output.transpose(1, 2).contiguous(), None
+    rows = []
+    for row in range(query.shape[0]):
+        bounds = segment_bounds(position_ids[row])
+        pieces = [
+            F.scaled_dot_product_attention(
+                query[row : row + 1, :, start:end],
+                key[row : row + 1, :, start:end],
+                value[row : row + 1, :, start:end],
+                dropout_p=dropout_p,
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=gqa,
+            )
+            for start, end in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+        rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
+    output = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
+    return output.transpose(1, 2).contiguous(), None
+
+
+def _causal_padding_mask(padding_mask, q_len: int, kv_len: int, device) -> torch.Tensor | None:
+    """(batch, 1, q, kv) boolean mask from a 2-D padding mask; None when nothing is padded.
+
+    A query that may see no key at all (left padding) is let see itself, so it yields a value
+    instead of NaN; such positions are padding and are never read.
+    """
+    if padding_mask is None:
+        return None
+    if padding_mask.dim() == 4:  # already a full mask
+        return padding_mask.bool()
+    causal = torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
+    mask = causal[None, None] & padding_mask[:, None, None, -kv_len:].bool()
+    return mask | torch.eye(q_len, kv_len, dtype=torch.bool, device=device)[None, None]
+
+
+def register() -> str:
+    """Make `NAME` a valid `attn_implementation` (idempotent); return the name.
+
+    Its mask function is flash-attention's, which builds no T x T mask for unpadded input.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
+
+    AttentionInterface.register(NAME, packed_sdpa_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, flash_attention_mask)
+    return NAME
