@@ -218,7 +218,8 @@ def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
     assert states == ["step_10", "step_20"]
 
 
-def test_sigterm_saves_state_and_exits_with_documented_status(demo_dir, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_signal_saves_state_and_exits_with_documented_status(demo_dir, tmp_path, signum):
     from mini_trainer.training.preemption import EXIT_PREEMPTED
 
     out = tmp_path / "run"
@@ -241,11 +242,11 @@ def test_sigterm_saves_state_and_exits_with_documented_status(demo_dir, tmp_path
         assert process.poll() is None, process.communicate()
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    process.send_signal(signal.SIGTERM)
+    process.send_signal(signum)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == EXIT_PREEMPTED, stderr
     assert "Traceback" not in stderr
-    assert "stopped by SIGTERM" in stderr
+    assert f"stopped by {signal.Signals(signum).name}" in stderr
     states = list((out / "state").iterdir())
     assert len(states) == 1 and states[0].name.startswith("step_")
     step = int(states[0].name.removeprefix("step_"))
@@ -292,3 +293,36 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
     assert result.returncode == 2
     assert "--data-index: holds a" in result.stderr and "--max-tokens-per-gpu 64" in result.stderr
     assert not (tmp_path / "small" / "metrics.jsonl").exists()
+
+
+def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    lines = (demo_dir / "data/reverse.train.jsonl").read_text().splitlines()[:40]
+    data = tmp_path / "forty.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    run_torchrun(
+        *base_flags(
+            demo_dir,
+            out,
+            **{
+                "data-path": data,
+                "max-epochs": 2,
+                "checkpoint-at-epoch": True,
+                "min-samples-per-checkpoint": 30,
+                "lr-scheduler": "linear",
+            },
+        )
+    )
+    rows = read_metrics(out)
+    # 40 samples in batches of 16: 16, 16, 8 per epoch, every sample once per epoch.
+    assert [r["samples_seen"] for r in rows] == [16, 32, 40, 56, 72, 80]
+    assert [r["epoch"] for r in rows] == [0, 0, 0, 1, 1, 1]
+    assert rows[-1]["lr"] > 0 and rows[0]["lr"] > rows[-1]["lr"]
+    saved = sorted(p.name for p in (out / "hf_format").iterdir())
+    # samples_32 (30 more seen), samples_40 (epoch end), samples_72 (30 more), samples_80 (end).
+    assert saved == ["samples_32", "samples_40", "samples_72", "samples_80"]
+    assert not (out / "final").exists()
+    model = AutoModelForCausalLM.from_pretrained(out / "hf_format" / "samples_80")
+    assert model.config.use_cache is True
