@@ -142,6 +142,8 @@ def train(args: TrainingArgs, runtime) -> int:
         sampler.load_state_dict(saved["sampler"])
         progress = Progress(**saved["progress"])
         log.info("resumed from %s (step %d)", resumed_from, progress.step)
+    elif args.resume:
+        log.info("--resume: no complete state under %s/state, starting from step 0", out)
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
         truncate_metrics(out / "metrics.jsonl", progress.step)
@@ -207,7 +209,10 @@ def train(args: TrainingArgs, runtime) -> int:
         optimizer.zero_grad(set_to_none=True)
 
         total_loss, total_tokens = all_reduce_sum([loss_sum.item(), num_tokens], runtime)
-        (peak_gb,) = all_reduce_max([peak_memory_gb(runtime.device)], runtime)
+        # One collective for the peak memory and for "has any rank been asked to stop?".
+        peak_gb, stop_flag = all_reduce_max(
+            [peak_memory_gb(runtime.device), float(stop_request.requested)], runtime
+        )
         step_time = time.perf_counter() - started
         progress.step += 1
         progress.samples_seen += len(batch.indices)
@@ -239,7 +244,6 @@ def train(args: TrainingArgs, runtime) -> int:
             progress.samples_at_last_checkpoint = progress.samples_seen
         if args.save_every_steps and progress.step % args.save_every_steps == 0:
             save_state()
-        (stop_flag,) = all_reduce_max([float(stop_request.requested)], runtime)
         if stop_flag:
             if not (args.save_every_steps and progress.step % args.save_every_steps == 0):
                 save_state()
@@ -303,7 +307,12 @@ def load_dataset(args: TrainingArgs, runtime):
             index, _ = build_index(args.data_path, vocab_size, args.max_tokens_per_gpu)
             outcome = ("ok", index)
         except UserError as error:
-            outcome = ("error", error.lines)
+            hint = (
+                "to skip samples over the cap: mini-trainer validate DATA --on-long drop "
+                "--out-index F.parquet ..., then train with --data-index F.parquet"
+            )
+            long_samples = any("more than --max-tokens-per-gpu" in line for line in error.lines)
+            outcome = ("error", [*error.lines, hint] if long_samples else error.lines)
     status, payload = broadcast_object(outcome, runtime)
     if status == "error":
         raise UserError(*payload)

@@ -25,7 +25,7 @@ def vocab(demo_model) -> int:
 def validated(demo_dir, demo_model, tmp_path_factory):
     """A demo data file and its index, written once by the real CLI."""
     out = tmp_path_factory.mktemp("validated")
-    data, index = demo_dir / "data" / "increment.eval.jsonl", out / "index.parquet"
+    data, index = demo_dir / "data" / "sort_plus1.eval.jsonl", out / "index.parquet"
     run_cli(
         "validate", data, "--model", demo_model, "--max-tokens-per-gpu", 512,
         "--out-index", index, "--out-summary", out / "summary.json", check=True,

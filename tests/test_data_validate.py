@@ -141,7 +141,7 @@ def _demo_lines(path) -> list[dict]:
 
 
 def test_good_file_index_matches_its_lines(demo_dir, demo_model, vocab, tmp_path):
-    data = demo_dir / "data" / "reverse.eval.jsonl"
+    data = demo_dir / "data" / "sort_desc.eval.jsonl"
     result, index_path, summary_path = _validate(data, demo_model, tmp_path, max_tokens=512)
     assert result.returncode == 0, result.stderr
     assert "200 samples" in result.stdout
@@ -253,7 +253,7 @@ def test_split_ranges_cut_at_line_starts(tmp_path, chunk_bytes):
 def test_parallel_ranges_match_a_single_pass(demo_dir, vocab, tmp_path):
     from mini_trainer.data.scan import scan_file
 
-    lines = (demo_dir / "data" / "reverse.train.jsonl").read_text().splitlines()
+    lines = (demo_dir / "data" / "sort_desc.train.jsonl").read_text().splitlines()
     bad = {7: "{oops", 600: _line([1, vocab], [-100, 5]), 1999: "[]"}
     for number, line in bad.items():
         lines[number - 1] = line

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 pytestmark = pytest.mark.slow
 
 
-def base_flags(demo_dir, out, task="increment", **overrides):
+def base_flags(demo_dir, out, task="sort_plus1", **overrides):
     flags = {
         "model-name-or-path": demo_dir / "model",
         "data-path": demo_dir / "data" / f"{task}.train.jsonl",
@@ -105,7 +105,7 @@ def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
     ids = torch.tensor(
         [
             json.loads(line)["input_ids"]
-            for line in (demo_dir / "data/increment.eval.jsonl").read_text().splitlines()[:1]
+            for line in (demo_dir / "data/sort_plus1.eval.jsonl").read_text().splitlines()[:1]
         ]
     )
     with torch.no_grad():
@@ -156,7 +156,7 @@ def _cap_for_micro_batches(data, wanted, ranks):
 
 def test_step_is_exact_whatever_the_split(demo_dir, tmp_path):
     # One global batch of 24 samples of widely varying lengths (the file's first 24 under 100).
-    lines = (demo_dir / "data/increment.train.jsonl").read_text().splitlines()
+    lines = (demo_dir / "data/sort_plus1.train.jsonl").read_text().splitlines()
     short = [line for line in lines if json.loads(line)["len"] < 100][:24]
     data = tmp_path / "batch.jsonl"
     data.write_text("\n".join(short) + "\n")
@@ -298,7 +298,7 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
 def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    lines = (demo_dir / "data/reverse.train.jsonl").read_text().splitlines()[:40]
+    lines = (demo_dir / "data/sort_desc.train.jsonl").read_text().splitlines()[:40]
     data = tmp_path / "forty.jsonl"
     data.write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"

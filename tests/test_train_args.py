@@ -131,7 +131,7 @@ def test_run_training_api(demo_dir, tmp_path, monkeypatch):
         monkeypatch.setenv(key, value)
     args = TrainingArgs(
         model_name_or_path=str(demo_dir / "model"),
-        data_path=str(demo_dir / "data/reverse.train.jsonl"),
+        data_path=str(demo_dir / "data/sort_desc.train.jsonl"),
         output_dir=str(tmp_path / "api"),
         batch_size=8, max_tokens_per_gpu=512, training_mode="step", max_steps=3,
         save_final_checkpoint=True,

@@ -134,6 +134,9 @@ def build_demo_assets(
         raise UserError(f"{existing[0]}: already exists (pass --force to replace it)")
     tokenizer = build_tokenizer(spec)
     model = build_model(spec, tokenizer)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a sub-second write needs no bar
     with atomic_path(out / "model", is_dir=True) as model_dir:
         model.save_pretrained(model_dir)
         tokenizer.save_pretrained(model_dir)

@@ -1,7 +1,11 @@
 """Synthetic tasks whose answer is a deterministic function of the prompt.
 
 Each task maps a digit sequence to another; prompts carry the task's own prefix so one model can
-learn several tasks (and forget them, which is what OSFT is for). Sequence lengths follow a
+learn several tasks (and forget them, which is what OSFT is for). The tasks are chosen so that
+the tiny demo model learns each in a few hundred CPU steps: their answers depend on the digit
+counts of the prompt, not on copying positions (reversing or copying digit by digit takes a
+model this small thousands of steps), and they conflict with each other (the same prompt digits
+in another order), so training on one visibly disturbs the others. Sequence lengths follow a
 clipped log-normal law, so a few samples are many times longer than the median: packing matters.
 """
 
@@ -15,22 +19,22 @@ MIN_DIGITS = 2
 MAX_DIGITS = 96
 
 
-def _reverse(digits: list[int]) -> list[int]:
-    return digits[::-1]
-
-
 def _sort(digits: list[int]) -> list[int]:
     return sorted(digits)
 
 
-def _increment(digits: list[int]) -> list[int]:
-    return [(d + 1) % 10 for d in digits]
+def _sort_desc(digits: list[int]) -> list[int]:
+    return sorted(digits, reverse=True)
+
+
+def _sort_plus1(digits: list[int]) -> list[int]:
+    return sorted((d + 1) % 10 for d in digits)
 
 
 TASKS: dict[str, Callable[[list[int]], list[int]]] = {
-    "reverse": _reverse,
     "sort": _sort,
-    "increment": _increment,
+    "sort_desc": _sort_desc,
+    "sort_plus1": _sort_plus1,
 }
 
 

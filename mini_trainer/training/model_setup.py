@@ -82,7 +82,9 @@ def load_weights(model_path: str, config) -> tuple[dict, dict]:
     state dict, yet the other ranks, built on the meta device, need their values too.
     """
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # our own progress output is the step lines
     model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32)
     state = {f"model.{key}": value for key, value in model.state_dict().items()}
     buffers = {f"model.{key}": value.clone() for key, value in model.named_buffers()}
