@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import atomic_write_text
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 log = logging.getLogger("mini_trainer")
@@ -147,7 +148,7 @@ def train(args: TrainingArgs, runtime) -> int:
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
         truncate_metrics(out / "metrics.jsonl", progress.step)
-        (out / "training_args.json").write_text(json.dumps(asdict(args), indent=2) + "\n")
+        atomic_write_text(out / "training_args.json", json.dumps(asdict(args), indent=2) + "\n")
         log.info(
             "%d samples, %d ranks on %s, %s steps planned",
             len(dataset), runtime.world_size, runtime.device, total_steps or "open-ended",

@@ -264,7 +264,7 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
         "--out-index", index, "--out-summary", tmp_path / "sort.json", check=True,
     )  # fmt: skip
     out = tmp_path / "run"
-    run_torchrun(
+    result = run_torchrun(
         *base_flags(
             demo_dir,
             out,
@@ -280,6 +280,8 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
         env={"WANDB_MODE": "offline"},
     )
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    assert "attention implementation: mini_trainer_packed_sdpa" in result.stderr
+    assert "activation checkpointing: every decoder layer" in result.stderr
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb")), runs
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from mini_trainer.io_utils import atomic_write_text
+
 log = logging.getLogger("mini_trainer")
 
 METRIC_FIELDS = (
@@ -34,7 +36,7 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         return
     rows = [line for line in path.read_text().splitlines() if line.strip()]
     kept = [line for line in rows if json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
+    atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 
 def format_eta(seconds: float) -> str:

@@ -106,7 +106,11 @@ def build_model(
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+        if runtime.is_main:
+            log.info("activation checkpointing: every decoder layer")
     wrapped = CausalLMWithLoss(model, loss_fn)
 
     if cpu_offload and not runtime.is_cuda:
