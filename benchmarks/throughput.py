@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mini_trainer.batching.collator import collate_packed, plan_step
+from mini_trainer.batching.collator import collate_packed, count_loss_tokens, plan_step
 from mini_trainer.demo.assets import DemoSpec, build_demo_assets
 from mini_trainer.training import packed_attention
 from mini_trainer.training.loss import chunked_linear_cross_entropy
@@ -38,7 +38,7 @@ def load_samples(data_dir: Path, count: int, seed: int) -> list[dict]:
 
 def packed_micro_batches(samples, batch_size, cap):
     lengths = np.array([len(s["input_ids"]) for s in samples], dtype=np.int64)
-    loss_tokens = np.array([sum(1 for t in s["labels"][1:] if t != -100) for s in samples])
+    loss_tokens = np.array([count_loss_tokens(s["labels"]) for s in samples])
     for start in range(0, len(samples), batch_size):
         indices = np.arange(start, min(start + batch_size, len(samples)))
         plan = plan_step(indices, lengths, loss_tokens, 1, cap)
@@ -54,7 +54,7 @@ def packed_micro_batches(samples, batch_size, cap):
 def padded_micro_batches(samples, batch_size, per_micro, pad_id):
     for start in range(0, len(samples), batch_size):
         batch = samples[start : start + batch_size]
-        total_loss_tokens = sum(sum(1 for t in s["labels"][1:] if t != -100) for s in batch)
+        total_loss_tokens = sum(count_loss_tokens(s["labels"]) for s in batch)
         micros = []
         for m in range(0, len(batch), per_micro):
             group = batch[m : m + per_micro]

@@ -8,6 +8,7 @@ loss-token count of the whole global batch, so a step equals one big batch howev
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -35,7 +36,6 @@ class Progress:
     step: int = 0
     samples_seen: int = 0
     loss_tokens_seen: int = 0
-    epochs_completed: int = 0
     samples_at_last_checkpoint: int = 0
 
 
@@ -54,6 +54,10 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
         )
     if args.osft:
         problems.append("--osft: OSFT is not available in this version of mini-trainer")
+    if args.wandb_project and importlib.util.find_spec("wandb") is None:
+        problems.append(
+            "--wandb-project: wandb is not installed (pip install 'mini-trainer[wandb]')"
+        )
     out = Path(args.output_dir)
     if not args.resume and any(
         (out / name).exists() for name in ("state", "final", "metrics.jsonl")
@@ -69,7 +73,7 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     from mini_trainer.training.distributed import env_world
 
-    rank, _, world_size = env_world()
+    rank, local_rank, world_size = env_world()
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"[rank{rank}] %(asctime)s %(message)s",
@@ -80,9 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         check_inputs(args, world_size)
         return run(args)
     except UserError as error:
-        if rank == 0:
+        # Every rank finds the same problems; print them once per node (another node's files
+        # may differ), and only rank 0's without a prefix.
+        if local_rank == 0:
+            prefix = "" if rank == 0 else f"[rank{rank}] "
             for line in error.lines:
-                print(f"error: {line}", file=sys.stderr)
+                print(f"{prefix}error: {line}", file=sys.stderr)
         return error.exit_code
 
 
@@ -102,7 +109,7 @@ def train(args: TrainingArgs, runtime) -> int:
     from mini_trainer.batching.collator import collate_packed, plan_step
     from mini_trainer.batching.sampler import BatchSampler, should_stop
     from mini_trainer.training import checkpoint
-    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum, broadcast_object
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.metrics import MetricsLogger, peak_memory_gb, truncate_metrics
     from mini_trainer.training.model_setup import build_model
@@ -136,17 +143,23 @@ def train(args: TrainingArgs, runtime) -> int:
     sampler = BatchSampler(len(dataset), args.batch_size, args.seed)
     progress = Progress()
 
-    resumed_from = checkpoint.newest_state(out) if args.resume else None
+    # Rank 0 picks the state, so every rank loads the same one even on a lagging file system.
+    newest = checkpoint.newest_state(out) if args.resume and runtime.is_main else None
+    resumed_from = broadcast_object(newest, runtime)
     if resumed_from is not None:
         saved = checkpoint.load_state(resumed_from, model, optimizer, runtime)
         scheduler.load_state_dict(saved["scheduler"])
-        sampler.load_state_dict(saved["sampler"])
+        try:
+            sampler.load_state_dict(saved["sampler"])
+        except ValueError as error:
+            raise UserError(f"{resumed_from}: --resume: {error}") from None
         progress = Progress(**saved["progress"])
         log.info("resumed from %s (step %d)", resumed_from, progress.step)
     elif args.resume:
         log.info("--resume: no complete state under %s/state, starting from step 0", out)
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
+        checkpoint.remove_stale_temp_dirs(out)
         truncate_metrics(out / "metrics.jsonl", progress.step)
         atomic_write_text(out / "training_args.json", json.dumps(asdict(args), indent=2) + "\n")
         log.info(
@@ -170,96 +183,98 @@ def train(args: TrainingArgs, runtime) -> int:
             model, config, args.model_name_or_path, out / name, args.save_dtype, runtime
         )
 
+    def finished() -> bool:
+        capped = args.max_steps is not None and progress.step >= args.max_steps
+        return capped or should_stop(
+            args.training_mode,
+            epochs_completed=sampler.epoch,
+            steps=progress.step,
+            loss_tokens=progress.loss_tokens_seen,
+            max_epochs=args.max_epochs,
+            max_steps=args.max_steps,
+            max_tokens=args.max_tokens,
+        )
+
     model.train()
-    while not should_stop(
-        args.training_mode,
-        epochs_completed=progress.epochs_completed,
-        steps=progress.step,
-        loss_tokens=progress.loss_tokens_seen,
-        max_epochs=args.max_epochs,
-        max_steps=args.max_steps,
-        max_tokens=args.max_tokens,
-    ):
-        started = time.perf_counter()
-        batch = sampler.next_batch()
-        plan = plan_step(
-            batch.indices,
-            dataset.lengths,
-            dataset.loss_tokens,
-            runtime.world_size,
-            args.max_tokens_per_gpu,
-        )
-        # FSDP averages gradients over ranks; scaling by world size makes that a sum.
-        scale = runtime.world_size / plan.batch_num_loss_tokens
-        loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
-        num_tokens = 0
-        for ranks in plan.micro_batches:
-            samples = [dataset[i] for i in ranks[runtime.rank]]
-            micro = collate_packed(samples, plan.batch_num_loss_tokens, pad_id).to(runtime.device)
-            loss = model(micro.input_ids, micro.position_ids, micro.target_ids)
-            (loss * scale).backward()
-            loss_sum += loss.detach().double()
-            num_tokens += micro.num_tokens
-
-        max_norm = args.grad_clip if args.grad_clip > 0 else math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-        lr = scheduler.get_last_lr()[0]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-
-        total_loss, total_tokens = all_reduce_sum([loss_sum.item(), num_tokens], runtime)
-        # One collective for the peak memory and for "has any rank been asked to stop?".
-        peak_gb, stop_flag = all_reduce_max(
-            [peak_memory_gb(runtime.device), float(stop_request.requested)], runtime
-        )
-        step_time = time.perf_counter() - started
-        progress.step += 1
-        progress.samples_seen += len(batch.indices)
-        progress.loss_tokens_seen += plan.batch_num_loss_tokens
-        progress.epochs_completed += int(batch.ends_epoch)
-        if logger is not None:
-            logger.log({
-                "step": progress.step,
-                "epoch": batch.epoch,
-                "loss": total_loss / plan.batch_num_loss_tokens,
-                "lr": lr,
-                "grad_norm": float(grad_norm),
-                "num_loss_tokens": plan.batch_num_loss_tokens,
-                "num_tokens": int(total_tokens),
-                "num_micro_batches": plan.num_micro_batches,
-                "samples_seen": progress.samples_seen,
-                "tokens_per_second": total_tokens / step_time,
-                "step_time_s": step_time,
-                "peak_memory_gb": peak_gb,
-                "timestamp": time.time(),
-            })  # fmt: skip
-
-        samples_since = progress.samples_seen - progress.samples_at_last_checkpoint
-        due_by_samples = bool(args.min_samples_per_checkpoint) and (
-            samples_since >= args.min_samples_per_checkpoint
-        )
-        if due_by_samples or (args.checkpoint_at_epoch and batch.ends_epoch):
-            save_hf(f"hf_format/samples_{progress.samples_seen}")
-            progress.samples_at_last_checkpoint = progress.samples_seen
-        if args.save_every_steps and progress.step % args.save_every_steps == 0:
-            save_state()
-        if stop_flag:
-            if not (args.save_every_steps and progress.step % args.save_every_steps == 0):
-                save_state()
-            if logger is not None:
-                logger.close()
-            log.warning(
-                "stopped by %s after step %d; state saved; exit status %d (rerun with --resume)",
-                stop_request.signal_name or "a signal on another rank",
-                progress.step,
-                EXIT_PREEMPTED,
+    try:
+        while not finished():
+            started = time.perf_counter()
+            batch = sampler.next_batch()
+            plan = plan_step(
+                batch.indices,
+                dataset.lengths,
+                dataset.loss_tokens,
+                runtime.world_size,
+                args.max_tokens_per_gpu,
             )
-            return EXIT_PREEMPTED
+            # FSDP averages gradients over ranks; scaling by world size makes that a sum.
+            scale = runtime.world_size / plan.batch_num_loss_tokens
+            loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
+            for ranks in plan.micro_batches:
+                samples = [dataset[i] for i in ranks[runtime.rank]]
+                micro = collate_packed(samples, plan.batch_num_loss_tokens, pad_id).to(
+                    runtime.device
+                )
+                loss = model(micro.input_ids, micro.position_ids, micro.target_ids)
+                (loss * scale).backward()
+                loss_sum += loss.detach().double()
 
-    if logger is not None:
-        logger.close()
+            max_norm = args.grad_clip if args.grad_clip > 0 else math.inf
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            lr = scheduler.get_last_lr()[0]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            (total_loss,) = all_reduce_sum([loss_sum.item()], runtime)
+            # One collective for the peak memory and for "has any rank been asked to stop?".
+            peak_gb, stop_flag = all_reduce_max(
+                [peak_memory_gb(runtime.device), float(stop_request.requested)], runtime
+            )
+            step_time = time.perf_counter() - started
+            progress.step += 1
+            progress.samples_seen += len(batch.indices)
+            progress.loss_tokens_seen += plan.batch_num_loss_tokens
+            if logger is not None:
+                logger.log({
+                    "step": progress.step,
+                    "epoch": batch.epoch,
+                    "loss": total_loss / plan.batch_num_loss_tokens,
+                    "lr": lr,
+                    "grad_norm": float(grad_norm),
+                    "num_loss_tokens": plan.batch_num_loss_tokens,
+                    "num_tokens": plan.num_tokens,
+                    "num_micro_batches": plan.num_micro_batches,
+                    "samples_seen": progress.samples_seen,
+                    "tokens_per_second": plan.num_tokens / step_time,
+                    "step_time_s": step_time,
+                    "peak_memory_gb": peak_gb,
+                    "timestamp": time.time(),
+                })  # fmt: skip
+
+            samples_since = progress.samples_seen - progress.samples_at_last_checkpoint
+            due_by_samples = bool(args.min_samples_per_checkpoint) and (
+                samples_since >= args.min_samples_per_checkpoint
+            )
+            if due_by_samples or (args.checkpoint_at_epoch and batch.ends_epoch):
+                save_hf(f"hf_format/samples_{progress.samples_seen}")
+                progress.samples_at_last_checkpoint = progress.samples_seen
+            state_due = bool(args.save_every_steps) and progress.step % args.save_every_steps == 0
+            if state_due or stop_flag:
+                save_state()
+            if stop_flag:
+                log.warning(
+                    "stopped by %s after step %d; state saved; exit status %d (run with --resume)",
+                    stop_request.signal_name or "a signal on another rank",
+                    progress.step,
+                    EXIT_PREEMPTED,
+                )
+                return EXIT_PREEMPTED
+    finally:
+        if logger is not None:
+            logger.close()
+
     if args.save_final_checkpoint:
         save_hf("final")
     log.info("done: %d steps, %d samples", progress.step, progress.samples_seen)
@@ -275,8 +290,9 @@ def seed_everything(seed: int) -> None:
 def planned_steps(args: TrainingArgs, num_samples: int) -> int | None:
     """Optimizer steps the run will take, when the training mode fixes them."""
     if args.training_mode == "epoch":
-        return math.ceil(num_samples / args.batch_size) * args.max_epochs
-    if args.training_mode == "step" or args.max_steps:
+        epoch_steps = math.ceil(num_samples / args.batch_size) * args.max_epochs
+        return min(epoch_steps, args.max_steps or epoch_steps)
+    if args.max_steps:  # step mode, or a cap on token and infinite modes
         return args.max_steps
     if args.scheduler_needs_total_steps:
         raise UserError(
@@ -289,11 +305,19 @@ def planned_steps(args: TrainingArgs, num_samples: int) -> int | None:
 def load_dataset(args: TrainingArgs, runtime):
     """The index-backed dataset; without --data-index, rank 0 builds the index (same checks)."""
     from mini_trainer.data.dataset import IndexedJsonlDataset
+    from mini_trainer.data.index_file import read_index_metadata
     from mini_trainer.data.validate import build_index, read_vocab_size
     from mini_trainer.training.distributed import broadcast_object
 
     if args.data_index:
         dataset = IndexedJsonlDataset.open(args.data_path, args.data_index)
+        checked = read_index_metadata(args.data_index).get("vocab_size")
+        model_vocab = read_vocab_size(args.model_name_or_path)
+        if checked is None or checked > model_vocab:
+            raise UserError(
+                f"{args.data_index}: --data-index: token ids were checked against a vocabulary "
+                f"of {checked}, but the model has {model_vocab} (validate with this model)"
+            )
         longest = int(dataset.lengths.max())
         if longest > args.max_tokens_per_gpu:
             raise UserError(

@@ -26,19 +26,10 @@ SCHEDULERS = (
     "cosine_with_restarts",
     "polynomial",
     "inverse_sqrt",
-    "cosine_with_min_lr",
-    "warmup_stable_decay",
 )
-"""transformers schedulers that step once per optimizer step (no metric, no extra kwargs)."""
+"""transformers schedulers that need nothing beyond warm-up and total steps."""
 
-SCHEDULERS_NEEDING_TOTAL = (
-    "linear",
-    "cosine",
-    "cosine_with_restarts",
-    "polynomial",
-    "cosine_with_min_lr",
-    "warmup_stable_decay",
-)
+SCHEDULERS_NEEDING_TOTAL = ("linear", "cosine", "cosine_with_restarts", "polynomial")
 TRAINING_MODES = ("epoch", "step", "token", "infinite")
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 OSFT_RANK_MODES = ("uniform", "adaptive")
@@ -55,7 +46,7 @@ def _arg(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> A
 class TrainingArgs:
     """Arguments of one training job; see DESIGN.md's training flags."""
 
-    model_name_or_path: str = _arg(help="Hugging Face model folder (or hub id) to fine-tune.")
+    model_name_or_path: str = _arg(help="Hugging Face model folder to fine-tune.")
     data_path: str = _arg(help="Pre-tokenized JSONL (input_ids, labels[, len]).")
     output_dir: str = _arg(help="Where checkpoints, state and metrics go.")
     batch_size: int = _arg(32, "Samples per optimizer step, over all ranks.")
@@ -73,7 +64,9 @@ class TrainingArgs:
         None, "OSFT: substrings of parameter names to factorize.", nargs="+"
     )
     max_epochs: int = _arg(1, "Epochs to train (training mode epoch).")
-    max_steps: int | None = _arg(None, "Optimizer steps to train (training mode step).")
+    max_steps: int | None = _arg(
+        None, "Optimizer steps to train (training mode step); in other modes, a cap."
+    )
     max_tokens: int | None = _arg(None, "Loss tokens to train on (training mode token).")
     training_mode: str = _arg("epoch", f"When to stop: {', '.join(TRAINING_MODES)}.")
     checkpoint_at_epoch: bool = _arg(False, "Write hf_format/samples_<N>/ after every epoch.")

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 from conftest import REPO_ROOT, run_torchrun, subprocess_env, torchrun_command
@@ -78,20 +78,9 @@ def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
     assert [r["step"] for r in rows] == list(range(1, 61))
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
     assert last < 0.6 * first, (first, last)
-    for field in (
-        "epoch",
-        "lr",
-        "grad_norm",
-        "num_loss_tokens",
-        "num_tokens",
-        "num_micro_batches",
-        "samples_seen",
-        "tokens_per_second",
-        "step_time_s",
-        "peak_memory_gb",
-        "timestamp",
-    ):
-        assert field in rows[-1]
+    from mini_trainer.training.metrics import METRIC_FIELDS
+
+    assert set(rows[-1]) == set(METRIC_FIELDS)
     assert rows[-1]["samples_seen"] == 60 * 16
     args = json.loads((out / "training_args.json").read_text())
     assert args["max_steps"] == 60 and args["lr_scheduler"] == "cosine"
@@ -193,7 +182,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
     run_torchrun(*base_flags(demo_dir, straight, **flags))
 
     killed = tmp_path / "killed"
-    argv = torchrun_command(*base_flags(demo_dir, killed, **flags, **{"save-every-steps": 10}))
+    argv = torchrun_command(*base_flags(demo_dir, killed, **flags, **{"save-every-steps": 5}))
     process = subprocess.Popen(
         argv,
         env=subprocess_env(),
@@ -203,19 +192,28 @@ def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 300
-    while not (killed / "state" / "step_10").exists():
-        assert process.poll() is None, "the run ended before saving step 10"
+    while not (killed / "state" / "step_5").exists():
+        assert process.poll() is None, "the run ended before saving step 5"
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
+    # torchrun starts its workers in sessions of their own: kill them all, as Slurm would.
+    processes = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
+    for proc in processes:
+        proc.kill()
+    psutil.wait_procs(processes, timeout=60)
     process.wait()
     assert not (killed / "final").exists(), "the run finished before it was killed"
+    assert not (killed / "state" / "step_20").exists(), "killed too late to test a resume"
 
-    run_torchrun(*base_flags(demo_dir, killed, **flags, **{"save-every-steps": 10, "resume": True}))
+    # The resumed run keeps only the newest state (--keep-states 1): older ones are pruned.
+    resumed = {"save-every-steps": 5, "resume": True, "keep-states": 1}
+    result = run_torchrun(*base_flags(demo_dir, killed, **flags, **resumed))
+    resumed_at = int(result.stderr.split("resumed from ")[1].split("(step ")[1].split(")")[0])
+    assert 5 <= resumed_at < 20
     assert [r["step"] for r in read_metrics(killed)] == list(range(1, 21))
     assert_weights_close(final_weights(killed), final_weights(straight), rtol=1e-6)
     states = sorted(p.name for p in (killed / "state").iterdir())
-    assert states == ["step_10", "step_20"]
+    assert states == ["step_20"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
@@ -296,6 +294,24 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
     assert "--data-index: holds a" in result.stderr and "--max-tokens-per-gpu 64" in result.stderr
     assert not (tmp_path / "small" / "metrics.jsonl").exists()
 
+    # An index checked against a larger vocabulary than the model's is refused too.
+    bigger = tmp_path / "bigger-model"
+    bigger.mkdir()
+    config = json.loads((demo_dir / "model" / "config.json").read_text())
+    (bigger / "config.json").write_text(json.dumps({**config, "vocab_size": 10_000}))
+    wide_index = tmp_path / "wide.parquet"
+    run_cli(
+        "validate", data, "--model", bigger, "--max-tokens-per-gpu", 512,
+        "--out-index", wide_index, "--out-summary", tmp_path / "wide.json", check=True,
+    )  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "mini_trainer.train",
+         *base_flags(demo_dir, tmp_path / "wide", task="sort", **{"data-index": wide_index})],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "checked against a vocabulary of 10000" in result.stderr, result.stderr
+
 
 def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
     from transformers import AutoModelForCausalLM
@@ -328,3 +344,27 @@ def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
     assert not (out / "final").exists()
     model = AutoModelForCausalLM.from_pretrained(out / "hf_format" / "samples_80")
     assert model.config.use_cache is True
+
+
+def test_sigterm_to_torchrun_reaches_every_rank_and_saves_a_complete_state(demo_dir, tmp_path):
+    from mini_trainer.training.checkpoint import newest_state
+
+    out = tmp_path / "run"
+    argv = torchrun_command(*base_flags(demo_dir, out, **{"training-mode": "infinite"}))
+    process = subprocess.Popen(
+        argv, env=subprocess_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)  # what Slurm sends to the job step
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode != 0  # torchrun reports the preempted job as failed
+    assert "stopped by SIGTERM" in stderr
+    state = newest_state(out)
+    assert state is not None
+    assert sorted(p.name for p in state.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    assert read_metrics(out)[-1]["step"] == int(state.name.removeprefix("step_"))

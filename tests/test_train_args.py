@@ -12,6 +12,7 @@ from conftest import REPO_ROOT, subprocess_env
 
 from mini_trainer.api_train import TrainingFailed, build_command, run_training
 from mini_trainer.training_args import (
+    SCHEDULERS,
     TorchrunArgs,
     TrainingArgs,
     _base_type,
@@ -145,3 +146,16 @@ def test_run_training_api(demo_dir, tmp_path, monkeypatch):
         run_training(TorchrunArgs(nproc_per_node=1), bad, echo=False)
     assert failure.value.returncode != 0
     assert "more than --max-tokens-per-gpu 8" in "".join(failure.value.tail)
+
+
+@pytest.mark.parametrize("name", SCHEDULERS)
+def test_every_accepted_scheduler_builds(name):
+    import torch
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    scheduler = get_scheduler(name, optimizer, num_warmup_steps=2, num_training_steps=10)
+    for _ in range(10):
+        optimizer.step()
+        scheduler.step()
+    assert len(scheduler.get_last_lr()) == 1

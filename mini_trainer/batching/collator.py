@@ -15,24 +15,15 @@ all-reduce) gives the exact token mean of the global batch, whatever the split.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
 
 from mini_trainer.batching.packing import plan_micro_batches
+from mini_trainer.labels import IGNORE_INDEX, count_loss_tokens
 
-IGNORE_INDEX = -100
-
-
-def count_loss_tokens(labels: Sequence[int]) -> int:
-    """Loss tokens of one sample: positions t >= 1 with labels[t] != -100.
-
-    Position 0 never counts: nothing precedes it, so no position predicts it. This is the one
-    definition of a sample's loss tokens (data index, plan, collator, metrics).
-    """
-    return sum(1 for label in labels[1:] if label != IGNORE_INDEX)
+__all__ = ["IGNORE_INDEX", "count_loss_tokens", "collate_packed", "plan_step"]
 
 
 @dataclass

@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-IGNORE_INDEX = -100
+from mini_trainer.labels import IGNORE_INDEX
+
 ROLES = ("system", "user", "assistant")
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-IGNORE_INDEX = -100
+from mini_trainer.labels import IGNORE_INDEX
+
 SEQUENCE_FIELDS = ("input_ids", "labels")
 
 

@@ -12,14 +12,14 @@ import json
 import os
 from dataclasses import dataclass
 
-from mini_trainer.data.chat import IGNORE_INDEX, tokenize_conversation
+from mini_trainer.data.chat import tokenize_conversation
 from mini_trainer.data.checks import describe
 from mini_trainer.data.lines import iter_lines
 from mini_trainer.data.problems import ProblemLog
+from mini_trainer.data.validate import ON_LONG
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_path
-
-ON_LONG = ("error", "drop")
+from mini_trainer.labels import count_loss_tokens
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def tokenize_jsonl(
                 else:
                     dropped += 1
                 continue
-            sample_loss = sum(1 for label in sample.labels[1:] if label != IGNORE_INDEX)
+            sample_loss = count_loss_tokens(sample.labels)
             if sample_loss == 0:
                 log.add(number, "messages", "no loss token after the causal shift")
                 continue

@@ -108,10 +108,10 @@ def save_state(
     tmp = _shared_temp_dir(final, runtime)
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
-    torch.save(_rng_state(), tmp / f"rng_rank{runtime.rank}.pt")
+    _write_synced(tmp / f"rng_rank{runtime.rank}.pt", _rng_state())
     dist.barrier()
     if runtime.is_main:
-        (tmp / TRAINER_STATE).write_text(json.dumps(trainer_state, indent=2))
+        _write_synced(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=2))
         publish_dir(tmp, final)
         _prune_states(out_dir / "state", keep)
         log.info("saved training state %s", final)
@@ -120,9 +120,22 @@ def save_state(
 
 
 def newest_state(out_dir: Path) -> Path | None:
-    """The complete state folder with the highest step, or None (temporary ones ignored)."""
+    """The complete state folder with the highest step, or None.
+
+    Temporary folders of an interrupted save are ignored, and so is a `step_<K>` whose trainer
+    state does not parse or whose sharded checkpoint has no metadata: resume then falls back to
+    the next older state.
+    """
     states = sorted(_complete_states(out_dir / "state"), key=lambda item: item[0])
     return states[-1][1] if states else None
+
+
+def _is_complete(path: Path) -> bool:
+    try:
+        json.loads((path / TRAINER_STATE).read_text())
+    except (OSError, ValueError):
+        return False
+    return (path / ".metadata").is_file()
 
 
 def _complete_states(state_root: Path) -> list[tuple[int, Path]]:
@@ -131,16 +144,22 @@ def _complete_states(state_root: Path) -> list[tuple[int, Path]]:
     found = []
     for path in state_root.iterdir():
         match = STATE_PATTERN.match(path.name)
-        if match and (path / TRAINER_STATE).is_file():
+        if match and _is_complete(path):
             found.append((int(match.group(1)), path))
     return found
+
+
+def remove_stale_temp_dirs(out_dir: Path) -> None:
+    """Delete temporary folders that a crashed save left under `out_dir` (rank 0, at start)."""
+    for pattern in (".*.tmp-*", "hf_format/.*.tmp-*", "state/.*.tmp-*"):
+        for path in out_dir.glob(pattern):
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
 
 
 def _prune_states(state_root: Path, keep: int) -> None:
     states = sorted(_complete_states(state_root), key=lambda item: item[0])
     for _, path in states[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
-    for path in state_root.glob(".step_*.tmp-*"):  # left by a crashed save
         shutil.rmtree(path, ignore_errors=True)
 
 
@@ -158,6 +177,17 @@ def load_state(path: Path, model, optimizer, runtime: Runtime) -> dict:
     else:
         log.warning("%s: no RNG state for rank %d (world size changed?)", path, runtime.rank)
     return json.loads((path / TRAINER_STATE).read_text())
+
+
+def _write_synced(path: Path, content) -> None:
+    """Write text or a torch object and fsync it, so a published state is on disk whole."""
+    with open(path, "wb") as handle:
+        if isinstance(content, str):
+            handle.write(content.encode())
+        else:
+            torch.save(content, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _rng_state() -> dict:

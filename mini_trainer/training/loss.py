@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mini_trainer.errors import UserError
+from mini_trainer.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 DEFAULT_CHUNK_SIZE = 1024
 """Loss tokens per chunk. A chunk holds one chunk_size x V fp32 buffer (131 MB at V=32,000);
 chosen with benchmarks/loss_memory.py (docs/benchmarks.md)."""

@@ -34,8 +34,13 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop rows after `last_step` (written after the state a resumed run restarts from)."""
     if not path.exists():
         return
-    rows = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in rows if json.loads(line)["step"] <= last_step]
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            if json.loads(line)["step"] <= last_step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue  # a line torn by the crash that the resume recovers from
     atomic_write_text(path, "".join(line + "\n" for line in kept))
 
 

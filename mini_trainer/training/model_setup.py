@@ -8,7 +8,6 @@ number of ranks.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 
 import torch
@@ -38,8 +37,12 @@ class CausalLMWithLoss(nn.Module):
         self.loss_fn = loss_fn
 
     def forward(self, input_ids, position_ids, target_ids) -> torch.Tensor:
+        extra = {}
+        if self.model.config._attn_implementation == packed_attention.NAME:
+            # Sample bounds once per micro-batch, not once per layer (a host sync each on GPU).
+            extra["packed_bounds"] = [packed_attention.segment_bounds(row) for row in position_ids]
         hidden = self.model.get_decoder()(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
         ).last_hidden_state
         weight = self.model.get_output_embeddings().weight
         return self.loss_fn(hidden.flatten(0, 1), weight, target_ids.flatten())
@@ -50,8 +53,14 @@ def pick_attention(runtime: Runtime) -> str:
 
     Both isolate the samples of a packed row and cost the samples' own attention.
     """
-    if runtime.is_cuda and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
+    if runtime.is_cuda:
+        try:
+            import flash_attn  # noqa: F401
+
+            return "flash_attention_2"
+        except (ImportError, OSError, RuntimeError) as error:  # e.g. built for another torch
+            if runtime.is_main:
+                log.warning("flash-attn does not import (%s); using per-sample sdpa", error)
     return packed_attention.register()
 
 

@@ -45,9 +45,10 @@ def packed_sdpa_attention(
             is_causal=mask is None, scale=scaling, enable_gqa=gqa,
         )  # fmt: skip
         return output.transpose(1, 2).contiguous(), None
+    known_bounds = kwargs.get("packed_bounds")  # computed once per forward by the caller
     rows = []
     for row in range(query.shape[0]):
-        bounds = segment_bounds(position_ids[row])
+        bounds = known_bounds[row] if known_bounds else segment_bounds(position_ids[row])
         pieces = [
             F.scaled_dot_product_attention(
                 query[row : row + 1, :, start:end],
