@@ -17,8 +17,13 @@ def _files(root):
 
 
 def test_cli_help_lists_subcommands():
+    from mini_trainer.cli import cli
+
     result = run_cli("--help", check=True)
-    assert "demo-assets" in result.stdout
+    listed = result.stdout.split("Commands:")[1]
+    assert {"demo-assets", "validate", "tokenize", "train"} <= set(cli.commands)
+    for name in cli.commands:
+        assert f"  {name} " in listed, name
     assert run_cli("--version", check=True).stdout.strip().endswith(__version__)
 
 
