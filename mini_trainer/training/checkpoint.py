@@ -31,7 +31,6 @@ from mini_trainer.training.distributed import Runtime, broadcast_object
 
 log = logging.getLogger("mini_trainer")
 
-SAVE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 STATE_PATTERN = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
 MAX_SHARD_BYTES = 5 * 1024**3
@@ -60,7 +59,7 @@ def save_hf_checkpoint(
     )
     if runtime.is_main:
         with atomic_path(final, is_dir=True) as tmp:
-            _write_hf_folder(state, config, model_path, tmp, SAVE_DTYPES[save_dtype])
+            _write_hf_folder(state, config, model_path, tmp, getattr(torch, save_dtype))
         log.info("saved %s", final)
     dist.barrier()
 
