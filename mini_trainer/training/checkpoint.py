@@ -51,13 +51,24 @@ def _shared_temp_dir(final: Path, runtime: Runtime) -> Path:
 
 
 def save_hf_checkpoint(
-    model, config, model_path: str, final: Path, save_dtype: str, runtime: Runtime
+    model,
+    config,
+    model_path: str,
+    final: Path,
+    save_dtype: str,
+    runtime: Runtime,
+    to_dense=lambda state: state,
 ) -> None:
-    """Gather the full weights on rank 0 and write a loadable Hugging Face folder."""
+    """Gather the full weights on rank 0 and write a loadable Hugging Face folder.
+
+    `to_dense` maps the training model's state to dense Hugging Face weights (the method's
+    `export_weights`; identity for full fine-tuning).
+    """
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
     if runtime.is_main:
+        state = to_dense(state)
         with atomic_path(final, is_dir=True) as tmp:
             _write_hf_folder(state, config, model_path, tmp, getattr(torch, save_dtype))
         log.info("saved %s", final)
@@ -116,6 +127,15 @@ def save_state(
         log.info("saved training state %s", final)
     dist.barrier()
     return final
+
+
+def pick_resume_state(out_dir: Path, resume: bool, runtime: Runtime) -> Path | None:
+    """The state to resume from (None: start at step 0), chosen by rank 0 for every rank.
+
+    Rank 0 alone looks, so every rank loads the same state even on a lagging file system.
+    """
+    newest = newest_state(out_dir) if resume and runtime.is_main else None
+    return broadcast_object(newest, runtime)
 
 
 def newest_state(out_dir: Path) -> Path | None:

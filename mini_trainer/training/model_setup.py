@@ -100,12 +100,15 @@ def load_weights(model_path: str, config) -> tuple[dict, dict]:
     return state, buffers
 
 
-def build_model(
-    model_path: str, loss_fn, runtime: Runtime, activation_checkpointing: bool, cpu_offload: bool
-) -> tuple[CausalLMWithLoss, object]:
-    """The FSDP2-sharded training model and its config, weights loaded from `model_path`."""
+def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLoss, object]:
+    """The FSDP2-sharded training model and its config, weights loaded from the model folder.
+
+    `method` (training/method.py) adapts the meta-device model before sharding and converts
+    rank 0's dense weights into the adapted model's state before they are broadcast.
+    """
     from transformers import AutoModelForCausalLM
 
+    model_path = args.model_name_or_path
     attention = pick_attention(runtime)
     config = load_config(model_path, attention)
     if runtime.is_main:
@@ -114,7 +117,10 @@ def build_model(
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if activation_checkpointing:
+    method.adapt_model(model)
+    if runtime.is_main:
+        full_state = method.convert_weights(full_state)
+    if args.activation_checkpointing:
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
         )
@@ -122,20 +128,20 @@ def build_model(
             log.info("activation checkpointing: every decoder layer")
     wrapped = CausalLMWithLoss(model, loss_fn)
 
-    if cpu_offload and not runtime.is_cuda:
+    if args.cpu_offload and not runtime.is_cuda:
         raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")
     shard_kwargs = {}
     if runtime.is_cuda:  # bf16 compute, fp32 master weights and gradient reduction
         shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32
         )
-    if cpu_offload:
+    if args.cpu_offload:
         shard_kwargs["offload_policy"] = CPUOffloadPolicy()
     for layer in decoder_layers(model):
         fully_shard(layer, **shard_kwargs)
     fully_shard(wrapped, **shard_kwargs)
 
-    wrapped.to_empty(device="cpu" if cpu_offload else runtime.device)
+    wrapped.to_empty(device="cpu" if args.cpu_offload else runtime.device)
     set_model_state_dict(
         wrapped,
         full_state,

@@ -1,0 +1,259 @@
+"""The training loop, in named phases: data, model, optimizer, resume, steps, export.
+
+Each optimizer step takes `batch_size` samples; they are packed into micro-batches of at most
+`max_tokens_per_gpu` tokens per rank; every micro-batch's summed token loss is divided by the
+loss-token count of the whole global batch, so a step equals one big batch however it is split.
+What differs between fine-tuning methods (full, OSFT) is behind `training/method.py`'s hooks,
+which every run calls at the same points.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mini_trainer.errors import UserError
+from mini_trainer.io_utils import atomic_write_text
+from mini_trainer.training.distributed import Runtime
+from mini_trainer.training_args import TrainingArgs
+
+log = logging.getLogger("mini_trainer")
+
+
+@dataclass
+class Progress:
+    """Counters that survive a resume (saved in the state's trainer_state.json)."""
+
+    step: int = 0
+    samples_seen: int = 0
+    loss_tokens_seen: int = 0
+    samples_at_last_checkpoint: int = 0
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step measured, on every rank (already reduced over ranks)."""
+
+    loss_sum: float
+    grad_norm: float
+    lr: float
+    peak_memory_gb: float
+    stop_requested: bool
+
+
+def train(args: TrainingArgs, runtime: Runtime) -> int:
+    """Run the job to its end (0) or to a requested stop (EXIT_PREEMPTED, state saved)."""
+    from mini_trainer.batching.collator import plan_step
+    from mini_trainer.batching.sampler import BatchSampler
+    from mini_trainer.training import checkpoint
+    from mini_trainer.training.data_setup import load_dataset
+    from mini_trainer.training.loss import make_loss_fn
+    from mini_trainer.training.method import make_method
+    from mini_trainer.training.metrics import MetricsLogger, truncate_metrics
+    from mini_trainer.training.model_setup import build_model
+    from mini_trainer.training.optimizer import build_optimizer, build_scheduler, planned_steps
+    from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
+
+    out = Path(args.output_dir)
+    stop_request = StopRequest()
+    seed_everything(args.seed + runtime.rank)
+
+    # -- data
+    dataset = load_dataset(args, runtime)
+    total_steps = planned_steps(args, len(dataset))
+    sampler = BatchSampler(len(dataset), args.batch_size, args.seed)
+
+    # -- model (the method adapts it before sharding)
+    method = make_method(args)
+    loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
+    model, config = build_model(args, loss_fn, runtime, method)
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+
+    # -- optimizer
+    optimizer = build_optimizer(args, method.param_groups(model, args.weight_decay))
+    scheduler = build_scheduler(args, optimizer, total_steps)
+
+    # -- resume: rank 0 picks the state, so every rank loads the same one
+    progress = Progress()
+    resumed_from = checkpoint.pick_resume_state(out, args.resume, runtime)
+    if resumed_from is not None:
+        saved = checkpoint.load_state(resumed_from, model, optimizer, runtime)
+        scheduler.load_state_dict(saved["scheduler"])
+        try:
+            sampler.load_state_dict(saved["sampler"])
+        except ValueError as error:
+            raise UserError(f"{resumed_from}: --resume: {error}") from None
+        progress = Progress(**saved["progress"])
+        log.info("resumed from %s (step %d)", resumed_from, progress.step)
+    elif args.resume:
+        log.info("--resume: no complete state under %s/state, starting from step 0", out)
+    if runtime.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        checkpoint.remove_stale_temp_dirs(out)
+        truncate_metrics(out / "metrics.jsonl", progress.step)
+        atomic_write_text(out / "training_args.json", json.dumps(asdict(args), indent=2) + "\n")
+        log.info(
+            "%d samples, %d ranks on %s, %s steps planned",
+            len(dataset), runtime.world_size, runtime.device, total_steps or "open-ended",
+        )  # fmt: skip
+    logger = MetricsLogger(out, args, total_steps, progress.step) if runtime.is_main else None
+
+    def save_state() -> None:
+        trainer_state = {
+            "progress": asdict(progress),
+            "sampler": sampler.state_dict(),
+            "scheduler": scheduler.state_dict(),
+        }
+        checkpoint.save_state(
+            out, progress.step, model, optimizer, trainer_state, runtime, args.keep_states
+        )
+
+    def save_hf(name: str) -> None:
+        checkpoint.save_hf_checkpoint(
+            model,
+            config,
+            args.model_name_or_path,
+            out / name,
+            args.save_dtype,
+            runtime,
+            method.export_weights,
+        )
+
+    # -- steps
+    model.train()
+    try:
+        while not finished(args, progress, sampler.epoch):
+            started = time.perf_counter()
+            batch = sampler.next_batch()
+            plan = plan_step(
+                batch.indices,
+                dataset.lengths,
+                dataset.loss_tokens,
+                runtime.world_size,
+                args.max_tokens_per_gpu,
+            )
+            result = train_step(
+                model, optimizer, scheduler, method, dataset, plan, pad_id, args, runtime,
+                stop_request,
+            )  # fmt: skip
+            step_time = time.perf_counter() - started
+            progress.step += 1
+            progress.samples_seen += len(batch.indices)
+            progress.loss_tokens_seen += plan.batch_num_loss_tokens
+            if logger is not None:
+                logger.log({
+                    "step": progress.step,
+                    "epoch": batch.epoch,
+                    "loss": result.loss_sum / plan.batch_num_loss_tokens,
+                    "lr": result.lr,
+                    "grad_norm": result.grad_norm,
+                    "num_loss_tokens": plan.batch_num_loss_tokens,
+                    "num_tokens": plan.num_tokens,
+                    "num_micro_batches": plan.num_micro_batches,
+                    "samples_seen": progress.samples_seen,
+                    "tokens_per_second": plan.num_tokens / step_time,
+                    "step_time_s": step_time,
+                    "peak_memory_gb": result.peak_memory_gb,
+                    "timestamp": time.time(),
+                })  # fmt: skip
+
+            # -- checkpoints
+            samples_since = progress.samples_seen - progress.samples_at_last_checkpoint
+            due_by_samples = bool(args.min_samples_per_checkpoint) and (
+                samples_since >= args.min_samples_per_checkpoint
+            )
+            if due_by_samples or (args.checkpoint_at_epoch and batch.ends_epoch):
+                save_hf(f"hf_format/samples_{progress.samples_seen}")
+                progress.samples_at_last_checkpoint = progress.samples_seen
+            state_due = bool(args.save_every_steps) and progress.step % args.save_every_steps == 0
+            if state_due or result.stop_requested:
+                save_state()
+            if result.stop_requested:
+                log.warning(
+                    "stopped by %s after step %d; state saved; exit status %d (run with --resume)",
+                    stop_request.signal_name or "a signal on another rank",
+                    progress.step,
+                    EXIT_PREEMPTED,
+                )
+                return EXIT_PREEMPTED
+    finally:
+        if logger is not None:
+            logger.close()
+
+    # -- export
+    if args.save_final_checkpoint:
+        save_hf("final")
+    log.info("done: %d steps, %d samples", progress.step, progress.samples_seen)
+    return 0
+
+
+def train_step(
+    model, optimizer, scheduler, method, dataset, plan, pad_id, args, runtime, stop_request
+) -> StepResult:
+    """One optimizer step over `plan`'s micro-batches: forward/backward each, then update."""
+    from mini_trainer.batching.collator import collate_packed
+    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.training.metrics import peak_memory_gb
+
+    # FSDP averages gradients over ranks; scaling by world size makes that a sum.
+    scale = runtime.world_size / plan.batch_num_loss_tokens
+    loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
+    for ranks in plan.micro_batches:
+        samples = [dataset[i] for i in ranks[runtime.rank]]
+        micro = collate_packed(samples, plan.batch_num_loss_tokens, pad_id).to(runtime.device)
+        loss = model(micro.input_ids, micro.position_ids, micro.target_ids)
+        (loss * scale).backward()
+        loss_sum += loss.detach().double()
+
+    max_norm = args.grad_clip if args.grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    lr = scheduler.get_last_lr()[0]
+    method.before_optimizer_step(model)
+    optimizer.step()
+    method.after_optimizer_step(model)
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+
+    (total_loss,) = all_reduce_sum([loss_sum.item()], runtime)
+    # One collective for the peak memory and for "has any rank been asked to stop?".
+    peak_gb, stop_flag = all_reduce_max(
+        [peak_memory_gb(runtime.device), float(stop_request.requested)], runtime
+    )
+    return StepResult(
+        loss_sum=total_loss,
+        grad_norm=float(grad_norm),
+        lr=lr,
+        peak_memory_gb=peak_gb,
+        stop_requested=bool(stop_flag),
+    )
+
+
+def finished(args: TrainingArgs, progress: Progress, epochs_completed: int) -> bool:
+    """Whether the run has reached its end: the mode's limit, or --max-steps as a cap."""
+    from mini_trainer.batching.sampler import should_stop
+
+    capped = args.max_steps is not None and progress.step >= args.max_steps
+    return capped or should_stop(
+        args.training_mode,
+        epochs_completed=epochs_completed,
+        steps=progress.step,
+        loss_tokens=progress.loss_tokens_seen,
+        max_epochs=args.max_epochs,
+        max_steps=args.max_steps,
+        max_tokens=args.max_tokens,
+    )
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,47 @@
+"""The optimizer phase: AdamW over the method's parameter groups, the scheduler, planned steps."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mini_trainer.errors import UserError
+from mini_trainer.training_args import TrainingArgs
+
+
+def build_optimizer(args: TrainingArgs, param_groups: list[dict]) -> torch.optim.AdamW:
+    """AdamW with the run's betas and epsilon; each group carries its own weight decay."""
+    return torch.optim.AdamW(
+        param_groups,
+        lr=args.learning_rate,
+        betas=(args.beta1, args.beta2),
+        eps=args.eps,
+        weight_decay=args.weight_decay,
+    )
+
+
+def build_scheduler(args: TrainingArgs, optimizer, total_steps: int | None):
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        args.lr_scheduler,
+        optimizer,
+        num_warmup_steps=args.num_warmup_steps,
+        num_training_steps=total_steps,
+    )
+
+
+def planned_steps(args: TrainingArgs, num_samples: int) -> int | None:
+    """Optimizer steps the run will take, when the training mode fixes them."""
+    if args.training_mode == "epoch":
+        epoch_steps = math.ceil(num_samples / args.batch_size) * args.max_epochs
+        return min(epoch_steps, args.max_steps or epoch_steps)
+    if args.max_steps:  # step mode, or a cap on token and infinite modes
+        return args.max_steps
+    if args.scheduler_needs_total_steps:
+        raise UserError(
+            f"--lr-scheduler {args.lr_scheduler}: needs a known number of steps; use "
+            "--training-mode epoch or step, or give --max-steps"
+        )
+    return None
