@@ -1,7 +1,9 @@
 """Programmatic training: `run_training(TorchrunArgs(...), TrainingArgs(...))`.
 
-It launches the same torchrun job as the command line, with every `TrainingArgs` field turned
-into its flag by `to_cli_args`, streams the job's output, and raises with the output's tail when
+It runs `mini-trainer train --nproc-per-node N ...` (the launcher of training/launcher.py, which
+runs torchrun's elastic agent), with every `TrainingArgs` field turned into its flag by
+`to_cli_args`, streams the job's output, and raises with the output's tail and the job's
+documented exit status (2 user error, 3 diverged, 75 stopped with a state saved, 1 other) when
 the job fails.
 """
 
@@ -28,11 +30,10 @@ class TrainingFailed(RuntimeError):
 
 
 def build_command(torchrun_args: TorchrunArgs, training_args: TrainingArgs) -> list[str]:
-    """The torchrun command line for these arguments."""
+    """The launcher command line for these arguments."""
     return [
-        sys.executable, "-m", "torch.distributed.run",
-        *torchrun_args.to_cli_args(),
-        "-m", "mini_trainer.train",
+        sys.executable, "-m", "mini_trainer", "train",
+        *torchrun_args.launcher_cli_args(),
         *to_cli_args(training_args),
     ]  # fmt: skip
 

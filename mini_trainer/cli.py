@@ -204,12 +204,21 @@ def tokenize(
 def train(train_args: tuple[str, ...]) -> None:
     """Run the training job (same flags as `python -m mini_trainer.train`; see --help).
 
-    Run it under torchrun, one process per GPU or per CPU slot:
-    torchrun --nproc-per-node N $(which mini-trainer) train --model-name-or-path M ...
+    With --nproc-per-node N (and --nnodes, --node-rank, --rdzv-endpoint for several nodes)
+    it launches the N workers itself, forwards SIGTERM/SIGINT/SIGUSR1 to them, prints each
+    error once and exits with the documented status; without it, it is one worker, to run
+    under torchrun: torchrun --nproc-per-node N $(which mini-trainer) train ...
     """
-    from mini_trainer.train import main as train_main
+    from mini_trainer.training_args import split_launcher_args
 
-    sys.exit(train_main(list(train_args)))
+    torchrun_args, worker_args = split_launcher_args(list(train_args))
+    if torchrun_args is None:
+        from mini_trainer.train import main as train_main
+
+        sys.exit(train_main(worker_args))
+    from mini_trainer.training.launcher import launch
+
+    sys.exit(launch(torchrun_args, worker_args))
 
 
 def main() -> None:

@@ -10,6 +10,7 @@ import importlib.util
 import logging
 import os
 import sys
+import traceback
 from pathlib import Path
 
 from mini_trainer.errors import UserError
@@ -48,7 +49,9 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one worker of the job; return its exit status (see training/launcher.py)."""
     from mini_trainer.training.distributed import env_world
+    from mini_trainer.training.launcher import write_report
 
     rank, local_rank, world_size = env_world()
     logging.basicConfig(
@@ -56,28 +59,52 @@ def main(argv: list[str] | None = None) -> int:
         format=f"[rank{rank}] %(asctime)s %(message)s",
         datefmt="%H:%M:%S",
     )
+    started = False
     try:
         args = parse_training_args(argv)
         check_inputs(args, world_size)
-        return run(args)
+        started = True
+        status = run(args)
     except UserError as error:
-        # Every rank finds the same problems; print them once per node (another node's files
-        # may differ), and only rank 0's without a prefix.
-        if local_rank == 0:
-            prefix = "" if rank == 0 else f"[rank{rank}] "
-            for line in error.lines:
-                print(f"{prefix}error: {line}", file=sys.stderr)
+        # Under `mini-trainer train --nproc-per-node` the launcher prints each line once.
+        if not write_report(rank, error.exit_code, error.lines):
+            _print_error(error, rank, local_rank, started)
         return error.exit_code
+    except KeyboardInterrupt:  # Ctrl-C before the training loop listens for it
+        print(f"[rank{rank}] interrupted before training started", file=sys.stderr)
+        return 130
+    except Exception:
+        if not write_report(rank, 1, traceback=traceback.format_exc()):
+            raise
+        return 1
+    if status:
+        write_report(rank, status)
+    return status
+
+
+def _print_error(error: UserError, rank: int, local_rank: int, started: bool) -> None:
+    """Print a UserError under plain torchrun or alone.
+
+    Errors found before the process group starts are the same on every rank (same flags, same
+    files): local rank 0 prints them, once per node. Later errors may be one rank's own (a
+    sample only it reads), so every rank prints its own, rank 0's without a prefix.
+    """
+    if started or local_rank == 0:
+        prefix = "" if rank == 0 else f"[rank{rank}] "
+        for line in error.lines:
+            print(f"{prefix}error: {line}", file=sys.stderr)
 
 
 def run(args: TrainingArgs) -> int:
     from mini_trainer.training.distributed import init_runtime, shutdown
     from mini_trainer.training.loop import train
+    from mini_trainer.training.run_lock import release
 
     runtime = init_runtime()
     try:
         return train(args, runtime)
     finally:
+        release()
         shutdown()
 
 

@@ -174,7 +174,16 @@ class TorchrunArgs:
         if self.nnodes > 1 and not self.rdzv_endpoint:
             raise UserError("torchrun: rdzv_endpoint (host:port) is required with several nodes")
 
+    def launcher_cli_args(self) -> list[str]:
+        """These settings as `mini-trainer train` launcher flags (see `split_launcher_args`)."""
+        out = ["--nproc-per-node", str(self.nproc_per_node)]
+        if self.nnodes > 1:
+            out += ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank)]
+            out += ["--rdzv-id", self.rdzv_id, "--rdzv-endpoint", self.rdzv_endpoint]
+        return out
+
     def to_cli_args(self) -> list[str]:
+        """These settings as torchrun flags."""
         if self.nnodes == 1:
             return ["--standalone", "--nnodes", "1", "--nproc-per-node", str(self.nproc_per_node)]
         return [
@@ -191,6 +200,49 @@ class TorchrunArgs:
             "--rdzv-endpoint",
             self.rdzv_endpoint,
         ]
+
+
+LAUNCHER_FLAGS = {
+    "--nproc-per-node": "nproc_per_node",
+    "--nnodes": "nnodes",
+    "--node-rank": "node_rank",
+    "--rdzv-id": "rdzv_id",
+    "--rdzv-endpoint": "rdzv_endpoint",
+}
+"""`mini-trainer train` flags that make it the launcher (TorchrunArgs), not a worker."""
+
+
+def split_launcher_args(argv: list[str]) -> tuple[TorchrunArgs | None, list[str]]:
+    """(TorchrunArgs or None when no launcher flag is given, the worker's own flags)."""
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        flag, _, inline = argv[i].partition("=")
+        if flag in LAUNCHER_FLAGS:
+            if inline:
+                value = inline
+            elif i + 1 < len(argv):
+                i += 1
+                value = argv[i]
+            else:
+                raise UserError(f"{flag}: needs a value")
+            found[LAUNCHER_FLAGS[flag]] = value
+        else:
+            rest.append(argv[i])
+        i += 1
+    if not found:
+        return None, rest
+    values: dict[str, Any] = {}
+    for name, value in found.items():
+        if name in ("nproc_per_node", "nnodes", "node_rank"):
+            try:
+                values[name] = int(value)
+            except ValueError:
+                raise UserError(f"--{_flag(name)}: expected an integer, got {value!r}") from None
+        else:
+            values[name] = value
+    return TorchrunArgs(**values), rest
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]):

@@ -129,15 +129,6 @@ def save_state(
     return final
 
 
-def pick_resume_state(out_dir: Path, resume: bool, runtime: Runtime) -> Path | None:
-    """The state to resume from (None: start at step 0), chosen by rank 0 for every rank.
-
-    Rank 0 alone looks, so every rank loads the same state even on a lagging file system.
-    """
-    newest = newest_state(out_dir) if resume and runtime.is_main else None
-    return broadcast_object(newest, runtime)
-
-
 def newest_state(out_dir: Path) -> Path | None:
     """The complete state folder with the highest step, or None.
 

@@ -9,7 +9,6 @@ which every run calls at the same points.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import random
@@ -21,7 +20,6 @@ import numpy as np
 import torch
 
 from mini_trainer.errors import UserError
-from mini_trainer.io_utils import atomic_write_text
 from mini_trainer.training.distributed import Runtime
 from mini_trainer.training_args import TrainingArgs
 
@@ -53,16 +51,19 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     """Run the job to its end (0) or to a requested stop (EXIT_PREEMPTED, state saved)."""
     from mini_trainer.batching.collator import plan_step
     from mini_trainer.batching.sampler import BatchSampler
-    from mini_trainer.training import checkpoint
+    from mini_trainer.training import checkpoint, divergence, resume
     from mini_trainer.training.data_setup import load_dataset
+    from mini_trainer.training.fingerprint import run_fingerprint
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.method import make_method
     from mini_trainer.training.metrics import MetricsLogger, truncate_metrics
     from mini_trainer.training.model_setup import build_model
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler, planned_steps
     from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
+    from mini_trainer.training.run_lock import lock_output_dir
 
     out = Path(args.output_dir)
+    lock_output_dir(out, runtime)  # one job per output folder, for the job's life
     stop_request = StopRequest()
     seed_everything(args.seed + runtime.rank)
 
@@ -70,6 +71,9 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     dataset = load_dataset(args, runtime)
     total_steps = planned_steps(args, len(dataset))
     sampler = BatchSampler(len(dataset), args.batch_size, args.seed)
+    # rank 0 picks an intact state of this same run before any model loads
+    run_print = run_fingerprint(args, dataset) if runtime.is_main else None
+    resumed_from = resume.pick_state(out, args.resume, run_print, runtime)
 
     # -- model (the method adapts it before sharding)
     method = make_method(args)
@@ -81,9 +85,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     optimizer = build_optimizer(args, method.param_groups(model, args.weight_decay))
     scheduler = build_scheduler(args, optimizer, total_steps)
 
-    # -- resume: rank 0 picks the state, so every rank loads the same one
+    # -- resume (the state was chosen after the data phase)
     progress = Progress()
-    resumed_from = checkpoint.pick_resume_state(out, args.resume, runtime)
     if resumed_from is not None:
         saved = checkpoint.load_state(resumed_from, model, optimizer, runtime)
         scheduler.load_state_dict(saved["scheduler"])
@@ -94,12 +97,12 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
         progress = Progress(**saved["progress"])
         log.info("resumed from %s (step %d)", resumed_from, progress.step)
     elif args.resume:
-        log.info("--resume: no complete state under %s/state, starting from step 0", out)
+        log.info("--resume: no run under %s yet, starting from step 0", out)
     if runtime.is_main:
         out.mkdir(parents=True, exist_ok=True)
         checkpoint.remove_stale_temp_dirs(out)
         truncate_metrics(out / "metrics.jsonl", progress.step)
-        atomic_write_text(out / "training_args.json", json.dumps(asdict(args), indent=2) + "\n")
+        resume.record_start(out, args, resumed_from, progress.step)
         log.info(
             "%d samples, %d ranks on %s, %s steps planned",
             len(dataset), runtime.world_size, runtime.device, total_steps or "open-ended",
@@ -107,16 +110,19 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     logger = MetricsLogger(out, args, total_steps, progress.step) if runtime.is_main else None
 
     def save_state() -> None:
+        divergence.check_weights(model, runtime)
         trainer_state = {
             "progress": asdict(progress),
             "sampler": sampler.state_dict(),
             "scheduler": scheduler.state_dict(),
+            "fingerprint": run_print,
         }
         checkpoint.save_state(
             out, progress.step, model, optimizer, trainer_state, runtime, args.keep_states
         )
 
     def save_hf(name: str) -> None:
+        divergence.check_weights(model, runtime)
         checkpoint.save_hf_checkpoint(
             model,
             config,
@@ -184,6 +190,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                     EXIT_PREEMPTED,
                 )
                 return EXIT_PREEMPTED
+    except divergence.Diverged as error:
+        raise error.at_step(progress.step + 1, out) from None
     finally:
         if logger is not None:
             logger.close()
@@ -201,6 +209,7 @@ def train_step(
     """One optimizer step over `plan`'s micro-batches: forward/backward each, then update."""
     from mini_trainer.batching.collator import collate_packed
     from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.training.divergence import check_step
     from mini_trainer.training.metrics import peak_memory_gb
 
     # FSDP averages gradients over ranks; scaling by world size makes that a sum.
@@ -216,6 +225,8 @@ def train_step(
     max_norm = args.grad_clip if args.grad_clip > 0 else math.inf
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    (total_loss,) = all_reduce_sum([loss_sum.item()], runtime)
+    check_step(total_loss, float(grad_norm))  # before the update: a NaN never reaches weights
     lr = scheduler.get_last_lr()[0]
     method.before_optimizer_step(model)
     optimizer.step()
@@ -223,7 +234,6 @@ def train_step(
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
 
-    (total_loss,) = all_reduce_sum([loss_sum.item()], runtime)
     # One collective for the peak memory and for "has any rank been asked to stop?".
     peak_gb, stop_flag = all_reduce_max(
         [peak_memory_gb(runtime.device), float(stop_request.requested)], runtime

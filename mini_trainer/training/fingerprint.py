@@ -1,0 +1,155 @@
+"""What makes a run the run it is: options, data and base model, compared on `--resume`.
+
+A state saved by run A and resumed with other settings would continue a different run while
+the old optimizer state and schedule won: the record and the weights would disagree. So every
+state stores a fingerprint, and `--resume` refuses one that differs from the current run's,
+one line per differing option.
+
+What the fingerprint covers:
+- every `TrainingArgs` option except `MAY_CHANGE_ON_RESUME` (where and how often to save, what
+  to log, kernels and memory settings that do not change the result, and paths whose content is
+  fingerprinted instead);
+- the data file: its size and content hash (see `file_digest`) plus a hash of its index (byte
+  offsets, lengths, loss tokens of every sample);
+- the base model: `config.json` whole, and every weights file by `file_digest`.
+
+`file_digest` hashes files up to `FULL_HASH_BYTES` whole; larger files by their size, their
+first and last MiB and `SAMPLED_BLOCKS` blocks spread evenly over the file. An edit of a large
+file that keeps its size and touches none of the sampled bytes is not detected (for data, the
+index hash still catches any change of a sample's length, loss tokens or line).
+Modification times are not compared: a copy or an identical regeneration is the same input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+
+FULL_HASH_BYTES = 64 * 1024**2
+"""Files up to this size are hashed whole (about 0.1 s per 64 MiB)."""
+EDGE_BYTES = 1024**2
+SAMPLED_BLOCKS = 256
+BLOCK_BYTES = 64 * 1024
+
+MAY_CHANGE_ON_RESUME = (
+    "model_name_or_path",  # a path: the model's content is fingerprinted instead
+    "data_path",  # a path: the data's content is fingerprinted instead
+    "data_index",  # the index is derived from the data (its content is in the data fingerprint)
+    "output_dir",  # the folder may be moved
+    "resume",
+    "save_every_steps",
+    "keep_states",
+    "checkpoint_at_epoch",
+    "min_samples_per_checkpoint",
+    "save_final_checkpoint",
+    "save_dtype",
+    "wandb_project",
+    "wandb_run_name",
+    "wandb_entity",
+    "max_tokens_per_gpu",  # how a step is split, not what it computes (tested exact)
+    "activation_checkpointing",
+    "cpu_offload",
+    "use_liger_kernels",
+)
+"""Options that may differ between a state and the run that resumes it (docs/training.md)."""
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """A blake2b digest of `path`: whole up to FULL_HASH_BYTES, sampled beyond (see module)."""
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(str(size).encode())
+    with open(path, "rb") as handle:
+        if size <= FULL_HASH_BYTES:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+            return digest.hexdigest()
+        digest.update(handle.read(EDGE_BYTES))
+        handle.seek(size - EDGE_BYTES)
+        digest.update(handle.read(EDGE_BYTES))
+        for offset in np.linspace(EDGE_BYTES, size - EDGE_BYTES - BLOCK_BYTES, SAMPLED_BLOCKS):
+            handle.seek(int(offset))
+            digest.update(handle.read(BLOCK_BYTES))
+    return digest.hexdigest()
+
+
+def options_fingerprint(args) -> dict:
+    """The run-defining options: every field but `MAY_CHANGE_ON_RESUME`, as JSON values."""
+    return {
+        name: value
+        for name, value in dataclasses.asdict(args).items()
+        if name not in MAY_CHANGE_ON_RESUME
+    }
+
+
+def data_fingerprint(data_path: str | os.PathLike, dataset) -> dict:
+    """The data file's content digest and a digest of its index (lines, lengths, losses)."""
+    index = hashlib.blake2b(digest_size=16)
+    for column in (dataset.line_numbers, dataset.lengths, dataset.loss_tokens):
+        index.update(np.ascontiguousarray(column, dtype=np.int64).tobytes())
+    return {
+        "samples": len(dataset),
+        "file": file_digest(data_path),
+        "index": index.hexdigest(),
+    }
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+def model_fingerprint(model_path: str | os.PathLike) -> dict:
+    """`config.json` and every weights file of the model folder, by name and digest."""
+    folder = Path(model_path)
+    files = {"config.json": file_digest(folder / "config.json")}
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
+            files[path.name] = file_digest(path)
+    return files
+
+
+def run_fingerprint(args, dataset) -> dict:
+    """Everything `--resume` compares: options, data, base model."""
+    return {
+        "options": options_fingerprint(args),
+        "data": data_fingerprint(args.data_path, dataset),
+        "model": model_fingerprint(args.model_name_or_path),
+    }
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def differences(saved: dict, current: dict) -> list[str]:
+    """One line per difference between a state's fingerprint and this run's (empty: same run)."""
+    lines = []
+    saved_options, options = saved.get("options", {}), current["options"]
+    for name in sorted(set(saved_options) | set(options)):
+        if name in MAY_CHANGE_ON_RESUME:
+            continue
+        before, now = saved_options.get(name), options.get(name)
+        if before != now:
+            lines.append(
+                f"{_flag(name)}: the state was saved with {before!r}, this run has {now!r}"
+            )
+    if saved.get("data") != current["data"]:
+        old, new = saved.get("data") or {}, current["data"]
+        detail = (
+            f"{old.get('samples')} samples then, {new['samples']} now"
+            if old.get("samples") != new["samples"]
+            else "same number of samples, different content"
+        )
+        lines.append(f"--data-path: not the data the state was trained on ({detail})")
+    if saved.get("model") != current["model"]:
+        old, new = saved.get("model") or {}, current["model"]
+        changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        lines.append(
+            "--model-name-or-path: not the base model the state started from "
+            f"(differs in {', '.join(changed)})"
+        )
+    return lines
