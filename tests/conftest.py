@@ -6,6 +6,7 @@ PYTHONPATH, so tests exercise the real entry point whatever is installed.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -64,6 +65,26 @@ def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:
     ]  # fmt: skip
 
 
+def launcher_command(*train_flags, nproc: int = 2) -> list[str]:
+    """`mini-trainer train --nproc-per-node N FLAGS` (the launcher) as an argv list."""
+    return [
+        sys.executable, "-m", "mini_trainer", "train", "--nproc-per-node", str(nproc),
+        *map(str, train_flags),
+    ]  # fmt: skip
+
+
+def run_launcher(*train_flags, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run a training job through the launcher; return it whatever its exit status."""
+    return subprocess.run(
+        launcher_command(*train_flags, nproc=nproc),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
+
+
 def run_torchrun(
     *train_flags, nproc: int = 2, timeout: int = 600, env: dict | None = None
 ) -> subprocess.CompletedProcess:
@@ -79,3 +100,49 @@ def run_torchrun(
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+def base_flags(demo_dir, out, task="sort_plus1", **overrides):
+    flags = {
+        "model-name-or-path": demo_dir / "model",
+        "data-path": demo_dir / "data" / f"{task}.train.jsonl",
+        "output-dir": out,
+        "batch-size": 16,
+        "max-tokens-per-gpu": 512,
+        "learning-rate": 3e-3,
+        "save-dtype": "float32",
+        "seed": 7,
+    }
+    flags.update(overrides)
+    argv = []
+    for key, value in flags.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is not None and value is not False:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="session")
+def trained_run(demo_dir, tmp_path_factory):
+    """One short 2-rank run through the launcher, shared by tests that only read it (or copy it).
+
+    4 steps of sort_plus1 with states at steps 2 and 4 and final/ exported.
+    """
+    import types
+
+    out = tmp_path_factory.mktemp("trained") / "run"
+    flags = {
+        "training-mode": "step",
+        "max-steps": 4,
+        "save-every-steps": 2,
+        "save-final-checkpoint": True,
+    }
+    result = run_launcher(*base_flags(demo_dir, out, **flags))
+    if result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return types.SimpleNamespace(out=out, flags=flags, steps=4, result=result)

@@ -12,35 +12,17 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from conftest import REPO_ROOT, run_torchrun, subprocess_env, torchrun_command
+from conftest import (
+    REPO_ROOT,
+    base_flags,
+    read_metrics,
+    run_torchrun,
+    subprocess_env,
+    torchrun_command,
+)
 from safetensors.torch import load_file
 
 pytestmark = pytest.mark.slow
-
-
-def base_flags(demo_dir, out, task="sort_plus1", **overrides):
-    flags = {
-        "model-name-or-path": demo_dir / "model",
-        "data-path": demo_dir / "data" / f"{task}.train.jsonl",
-        "output-dir": out,
-        "batch-size": 16,
-        "max-tokens-per-gpu": 512,
-        "learning-rate": 3e-3,
-        "save-dtype": "float32",
-        "seed": 7,
-    }
-    flags.update(overrides)
-    argv = []
-    for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not None and value is not False:
-            argv += [f"--{key}", str(value)]
-    return argv
-
-
-def read_metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def final_weights(out):
