@@ -147,6 +147,17 @@ class TrainingArgs:
                 yield f"--{_flag(name)}: must be in [0, 1], got {value}"
         if self.osft and self.osft_unfreeze_rank_ratio is None:
             yield "--osft-unfreeze-rank-ratio: required with --osft"
+        if not self.osft:
+            for f in dataclasses.fields(self):
+                if f.name.startswith("osft_") and getattr(self, f.name) != f.default:
+                    yield f"--{_flag(f.name)}: needs --osft"
+        if self.seed < 0:
+            yield f"--seed: must be >= 0, got {self.seed}"
+        if self.max_steps is not None and self.num_warmup_steps > self.max_steps:
+            yield (
+                f"--num-warmup-steps: {self.num_warmup_steps} is more than --max-steps "
+                f"{self.max_steps} (the learning rate would never reach its peak)"
+            )
 
     @property
     def scheduler_needs_total_steps(self) -> bool:
@@ -293,8 +304,28 @@ def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.Argumen
     return parser
 
 
+def _join_negative_numbers(argv: list[str]) -> list[str]:
+    """`--flag -1e-3` -> `--flag=-1e-3`: argparse takes "-1e-3" for an option otherwise, and the
+    user would get "expected one argument" instead of the value's own check."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and token.startswith("-"):
+            try:
+                float(token)
+            except ValueError:
+                pass
+            else:
+                out[-1] = f"{out[-1]}={token}"
+                continue
+        out.append(token)
+    return out
+
+
 def parse_training_args(argv: list[str] | None = None) -> TrainingArgs:
     """Parse flags into a validated `TrainingArgs` (argparse exits 2 on unknown flags)."""
+    import sys
+
+    argv = _join_negative_numbers(list(sys.argv[1:] if argv is None else argv))
     namespace = build_parser().parse_args(argv)
     return TrainingArgs(**vars(namespace))
 

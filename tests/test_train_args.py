@@ -17,6 +17,7 @@ from mini_trainer.training_args import (
     TrainingArgs,
     _base_type,
     parse_training_args,
+    split_launcher_args,
     to_cli_args,
 )
 
@@ -49,13 +50,16 @@ def good_flags(demo_dir, tmp_path):
         (["--max-tokens-per-gpu", "0"], {}, "--max-tokens-per-gpu: must be at least 1, got 0"),
     ],
 )  # fmt: skip
-def test_bad_arguments_give_one_clear_line(good_flags, extra, env, expected):
-    result = run_train_module(*good_flags, *extra, **env)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+def test_bad_arguments_give_one_clear_line(good_flags, extra, env, expected, capsys, monkeypatch):
+    from mini_trainer.train import main
+
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    assert main(list(map(str, [*good_flags, *extra]))) == 2  # in-process: no start-up to pay
+    lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"error: {expected}"] or (
         len(lines) == 1 and lines[0].startswith(f"error: {expected}")
-    ), result.stderr
+    ), lines
 
 
 def test_missing_data_file_is_named(demo_dir, tmp_path):
@@ -69,12 +73,13 @@ def test_missing_data_file_is_named(demo_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_existing_run_is_not_overwritten(good_flags, tmp_path):
+def test_existing_run_is_not_overwritten(good_flags, tmp_path, capsys):
+    from mini_trainer.train import main
+
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "metrics.jsonl").write_text('{"step": 1}\n')
-    result = run_train_module(*good_flags)
-    assert result.returncode == 2
-    assert "already holds a training run" in result.stderr
+    assert main(list(map(str, good_flags))) == 2
+    assert "already holds a training run" in capsys.readouterr().err
     assert (tmp_path / "out" / "metrics.jsonl").read_text() == '{"step": 1}\n'
 
 
@@ -116,9 +121,9 @@ def test_every_training_field_is_forwarded():
     for f in fields:
         assert getattr(args, f.name) != f.default, f.name
     command = build_command(TorchrunArgs(nproc_per_node=2), args)
-    train_argv = command[command.index("mini_trainer.train") + 1 :]
+    torchrun, train_argv = split_launcher_args(command[command.index("train") + 1 :])
     assert parse_training_args(train_argv) == args
-    assert "--nproc-per-node" in command and "2" in command
+    assert torchrun == TorchrunArgs(nproc_per_node=2)
 
 
 def test_defaults_round_trip():
@@ -159,3 +164,24 @@ def test_every_accepted_scheduler_builds(name):
         optimizer.step()
         scheduler.step()
     assert len(scheduler.get_last_lr()) == 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--osft-svd-cache", "svd"], "--osft-svd-cache: needs --osft"),
+        (["--osft-rank-mode", "adaptive"], "--osft-rank-mode: needs --osft"),
+        (["--seed", "-1"], "--seed: must be >= 0, got -1"),
+        (["--learning-rate", "-1e-3"], "--learning-rate: must be a finite number >= 0, got -0.001"),
+        (["--weight-decay", "-1"], "--weight-decay: must be >= 0, got -1.0"),
+        (["--training-mode", "step", "--max-steps", "5", "--num-warmup-steps", "10"],
+         "--num-warmup-steps: 10 is more than --max-steps 5"),
+    ],
+)  # fmt: skip
+def test_bad_values_are_named_not_parsed_as_flags(extra, expected):
+    from mini_trainer.errors import UserError
+
+    with pytest.raises(UserError) as error:
+        parse_training_args(["--model-name-or-path", "m", "--data-path", "d", "--output-dir", "o",
+                             *extra])  # fmt: skip
+    assert len(error.value.lines) == 1 and error.value.lines[0].startswith(expected)

@@ -15,6 +15,7 @@ Two implementations sit behind `make_loss_fn`:
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,8 @@ DEFAULT_CHUNK_SIZE = 1024
 """Loss tokens per chunk. A chunk holds one chunk_size x V fp32 buffer (131 MB at V=32,000);
 chosen with benchmarks/loss_memory.py (docs/benchmarks.md)."""
 
-LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+LossFn = Callable[..., Tensor]
+"""`fn(hidden (N, H), weight (V, H), targets (N,), *, bias, logit_scale, softcap)` -> loss sum."""
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -47,11 +49,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         ignore_index: int,
         chunk_size: int,
         grad_enabled: bool,
+        bias: Tensor | None = None,
+        logit_scale: float = 1.0,
+        softcap: float | None = None,
     ) -> Tensor:
         # needs_input_grad ignores no_grad(), so the caller passes whether grad mode was on:
         # evaluation under no_grad must not pay for the gradients.
         need_hidden_grad = grad_enabled and ctx.needs_input_grad[0]
         need_weight_grad = grad_enabled and ctx.needs_input_grad[1]
+        need_bias_grad = grad_enabled and bias is not None and ctx.needs_input_grad[6]
         # Only rows with a loss token cost anything: padding-free batches still carry prompt
         # tokens (label -100), often most of the sequence.
         rows = (targets != ignore_index).nonzero().squeeze(1)
@@ -63,6 +69,11 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         if need_weight_grad:
             # fp32 accumulation across chunks; for fp32 weights this IS the final gradient.
             grad_weight = torch.zeros(weight.shape, dtype=acc_dtype, device=weight.device)
+        grad_bias = (
+            torch.zeros(bias.shape, dtype=acc_dtype, device=bias.device)
+            if (need_bias_grad)
+            else None
+        )
 
         for start in range(0, rows.numel(), chunk_size):
             chunk_rows = rows[start : start + chunk_size]
@@ -71,6 +82,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             # Matmul in the input dtype (tensor cores for bf16), softmax in fp32. The softmax is
             # built in place in this one (c, V) buffer: no other chunk-sized temporary exists.
             logits = (h @ weight.T).to(acc_dtype)  # (c, V)
+            # The model's own head transform, in its order: bias, scale, soft-cap.
+            if bias is not None:
+                logits += bias
+            if logit_scale != 1.0:
+                logits *= logit_scale
+            tanh = None
+            if softcap is not None:  # cap * tanh(x / cap); tanh kept for the derivative
+                tanh = logits.div_(softcap).tanh_()
+                logits = tanh * softcap
             target_logit = logits.gather(1, t)
             row_max = logits.amax(dim=1, keepdim=True)
             probs = logits.sub_(row_max).exp_()  # unnormalized; `logits` is consumed
@@ -82,6 +102,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 # d(loss)/d(logits) = softmax - onehot
                 grad_logits = probs.div_(row_sum)
                 grad_logits.scatter_add_(1, t, torch.full_like(row_sum, -1.0))
+                # Back through the transform: soft-cap' = 1 - tanh^2, then the scale.
+                if tanh is not None:
+                    grad_logits.mul_(tanh.mul_(tanh).neg_().add_(1.0))
+                if logit_scale != 1.0:
+                    grad_logits.mul_(logit_scale)
+                if grad_bias is not None:
+                    grad_bias += grad_logits.sum(dim=0)
                 if grad_hidden is not None:
                     grad_hidden.index_copy_(0, chunk_rows, grad_logits.to(weight.dtype) @ weight)
                 if grad_weight is not None:
@@ -91,12 +118,14 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                         # Low-precision matmul (fast path on GPU), summed across chunks in fp32.
                         grad_weight.add_(grad_logits.to(h.dtype).T @ h)
                 del grad_logits
-            # Free this chunk's buffer before the next chunk's matmul allocates its own.
-            del probs
+            # Free this chunk's buffers before the next chunk's matmul allocates its own.
+            del probs, tanh
 
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        ctx.grads = (grad_hidden, grad_weight)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        ctx.grads = (grad_hidden, grad_weight, grad_bias)
         return loss
 
     @staticmethod
@@ -106,15 +135,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 "chunked_linear_cross_entropy: backward ran twice; its gradients are computed "
                 "once in forward and handed over (retain_graph is not supported)"
             )
-        grad_hidden, grad_weight = ctx.grads
+        grad_hidden, grad_weight, grad_bias = ctx.grads
         # Hand the buffers over and scale them in place: no second V x H tensor, and .grad can
         # adopt the tensor instead of copying it. No test for grad_output == 1 (a device sync):
         # the engine's grad_output is 1 / loss tokens anyway.
         ctx.grads = None
-        for grad in (grad_hidden, grad_weight):
+        for grad in (grad_hidden, grad_weight, grad_bias):
             if grad is not None:
                 grad.mul_(grad_output.to(grad.dtype))
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, grad_bias, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -123,8 +152,17 @@ def chunked_linear_cross_entropy(
     targets: Tensor,
     ignore_index: int = IGNORE_INDEX,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    bias: Tensor | None = None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> Tensor:
-    """Sum over targets != ignore_index of cross_entropy(hidden @ weight.T, targets), a scalar.
+    """Sum over targets != ignore_index of cross_entropy(logits, targets), a scalar.
+
+    logits = head(hidden @ weight.T + bias): `logit_scale` multiplies them (Cohere's
+    `logit_scale`, Granite's 1 / `logits_scaling`), then `softcap` soft-caps them as
+    `softcap * tanh(logits / softcap)` (Gemma's `final_logit_softcapping`), as the models' own
+    heads do. A soft-cap costs a second chunk-sized buffer (its derivative needs the tanh).
 
     hidden (N, H) and weight (V, H) in fp32 or bf16 (the same dtype); targets (N,) integer. The
     softmax and the result are fp32 (fp64 for fp64 inputs).
@@ -151,16 +189,54 @@ def chunked_linear_cross_entropy(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return _ChunkedLinearCrossEntropy.apply(
-        hidden, weight, targets.long(), ignore_index, chunk_size, torch.is_grad_enabled()
-    )
+        hidden, weight, targets.long(), ignore_index, chunk_size, torch.is_grad_enabled(),
+        bias, float(logit_scale), None if softcap is None else float(softcap),
+    )  # fmt: skip
 
 
 def linear_cross_entropy_reference(
-    hidden: Tensor, weight: Tensor, targets: Tensor, ignore_index: int = IGNORE_INDEX
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    ignore_index: int = IGNORE_INDEX,
+    *,
+    bias: Tensor | None = None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> Tensor:
     """The plain formula (full N x V logits, fp32 or fp64): ground truth for tests and benchmark."""
-    logits = (hidden @ weight.T).to(torch.promote_types(hidden.dtype, torch.float32))
+    logits = F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32))
+    logits = logits * logit_scale
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
     return F.cross_entropy(logits, targets, reduction="sum", ignore_index=ignore_index)
+
+
+@dataclass(frozen=True)
+class LogitHead:
+    """What a model's head does to `hidden @ W.T (+ bias)` before the softmax."""
+
+    logit_scale: float = 1.0
+    softcap: float | None = None
+
+
+def logit_head(config) -> LogitHead:
+    """The head transform of a transformers config, or `UserError` for one not reproduced.
+
+    Known: Gemma 2/3 `final_logit_softcapping`, Cohere `logit_scale` (multiplies), Granite
+    `logits_scaling` (divides). An LM-head bias is read from the model itself at each step.
+    """
+    scale = 1.0
+    if getattr(config, "logit_scale", None) is not None:
+        scale *= float(config.logit_scale)
+    if getattr(config, "logits_scaling", None) is not None:
+        scale /= float(config.logits_scaling)
+    if getattr(config, "attn_logit_softcapping", None) is not None:
+        raise UserError(
+            f"{type(config).__name__}: attn_logit_softcapping is not supported by mini-trainer's "
+            "packed attention (set it to null in config.json only if the model was trained so)"
+        )
+    return LogitHead(logit_scale=scale, softcap=getattr(config, "final_logit_softcapping", None))
 
 
 def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
@@ -184,8 +260,22 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
         ) from exc
     liger_loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
 
-    def liger_fn(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
-        out = liger_loss(weight, hidden, targets)  # Liger's order: (lin_weight, _input, target)
+    def liger_fn(
+        hidden: Tensor,
+        weight: Tensor,
+        targets: Tensor,
+        *,
+        bias: Tensor | None = None,
+        logit_scale: float = 1.0,
+        softcap: float | None = None,
+    ) -> Tensor:
+        if logit_scale != 1.0:  # (s h) W^T = s (h W^T); with a bias, scale (h W^T + b) instead
+            if bias is not None:
+                raise UserError("--use-liger-kernels: a logit scale with an LM-head bias")
+            hidden = hidden * logit_scale
+        liger_loss.softcap = softcap
+        # Liger's order: (lin_weight, _input, target, bias)
+        out = liger_loss(weight, hidden, targets, bias)
         if isinstance(out, Tensor):
             return out
         # Versions with z-loss / token-accuracy outputs may wrap the loss.

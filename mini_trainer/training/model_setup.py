@@ -18,6 +18,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from mini_trainer.errors import UserError
 from mini_trainer.training import packed_attention
 from mini_trainer.training.distributed import Runtime, broadcast_object
+from mini_trainer.training.loss import logit_head
 
 log = logging.getLogger("mini_trainer")
 
@@ -35,6 +36,8 @@ class CausalLMWithLoss(nn.Module):
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
+        # The head's own transform (soft-cap, logit scale), applied inside the loss.
+        self.head = logit_head(model.config)
 
     def forward(self, input_ids, position_ids, target_ids) -> torch.Tensor:
         extra = {}
@@ -44,8 +47,11 @@ class CausalLMWithLoss(nn.Module):
         hidden = self.model.get_decoder()(
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
         ).last_hidden_state
-        weight = self.model.get_output_embeddings().weight
-        return self.loss_fn(hidden.flatten(0, 1), weight, target_ids.flatten())
+        head = self.model.get_output_embeddings()
+        return self.loss_fn(
+            hidden.flatten(0, 1), head.weight, target_ids.flatten(), bias=head.bias,
+            logit_scale=self.head.logit_scale, softcap=self.head.softcap,
+        )  # fmt: skip
 
 
 def pick_attention(runtime: Runtime) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -22,7 +23,21 @@ def build_optimizer(args: TrainingArgs, param_groups: list[dict]) -> torch.optim
 
 
 def build_scheduler(args: TrainingArgs, optimizer, total_steps: int | None):
+    """The transformers scheduler; warns when the warm-up outlasts the planned steps.
+
+    With --max-steps that is an argument error (`TrainingArgs`); in epoch mode the planned
+    steps depend on the data, so it is found here, and only warned about: the run is valid,
+    its learning rate just never reaches the peak.
+    """
     from transformers import get_scheduler
+
+    if total_steps is not None and args.num_warmup_steps > total_steps:
+        logging.getLogger("mini_trainer").warning(
+            "--num-warmup-steps %d is more than the %d planned steps: the learning rate never "
+            "reaches --learning-rate",
+            args.num_warmup_steps,
+            total_steps,
+        )
 
     return get_scheduler(
         args.lr_scheduler,

@@ -1,0 +1,180 @@
+"""`mini-trainer train --nproc-per-node N`: one line per error, documented exit statuses, signals
+forwarded to every worker, one job per output folder, and a stop at the first non-finite step."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import (
+    REPO_ROOT,
+    base_flags,
+    launcher_command,
+    read_metrics,
+    run_launcher,
+    subprocess_env,
+)
+
+from mini_trainer.errors import UserError
+from mini_trainer.training.launcher import exit_status
+from mini_trainer.training_args import TorchrunArgs, split_launcher_args
+
+
+def test_launcher_flags_are_split_from_the_worker_flags():
+    assert split_launcher_args(["--data-path", "d"]) == (None, ["--data-path", "d"])
+    torchrun, rest = split_launcher_args(["--nproc-per-node=2", "--seed", "3", "--nnodes", "1"])
+    assert torchrun == TorchrunArgs(nproc_per_node=2, nnodes=1) and rest == ["--seed", "3"]
+    with pytest.raises(UserError, match="--nproc-per-node: expected an integer"):
+        split_launcher_args(["--nproc-per-node", "two"])
+
+
+def report(rank, code, when, lines=(), traceback=None):
+    out = {"rank": rank, "exit": code, "lines": list(lines), "time": when}
+    if traceback:
+        out["traceback"] = traceback
+    return out
+
+
+def test_exit_status_prefers_the_user_error_to_the_crashes_it_causes():
+    crash = report(0, 1, 2.0, traceback="Traceback ...\nRuntimeError: peer closed")
+    user = report(1, 2, 1.0, ["data.jsonl:7: the data no longer matches its index"])
+    assert exit_status([user, crash], {0: 1, 1: 2}) == (
+        2, ["error: data.jsonl:7: the data no longer matches its index"]
+    )  # fmt: skip
+    same = [report(0, 2, 1.0, ["x: bad"]), report(1, 2, 1.1, ["x: bad"])]
+    assert exit_status(same, {0: 2, 1: 2}) == (2, ["error: x: bad"])
+    assert exit_status([report(0, 75, 1.0), report(1, 75, 1.0)], {}) == (75, [])
+    status, lines = exit_status([crash], {0: 1})
+    assert status == 1 and lines[0] == "error: rank 0 crashed:" and "peer closed" in lines[1]
+    assert exit_status([], {1: -9}) == (1, ["error: rank 1 was killed by SIGKILL (out of memory?)"])
+    assert exit_status([], {}) == (0, [])
+
+
+def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path):
+    """A >2 MiB data file and its index, then one sample that rank 1 reads in step 1 rewritten
+    (same bytes, one token fewer) in the middle of the file, where the index's staleness check
+    (size, first and last MiB) does not look: only rank 1 finds out, when it reads the sample."""
+    from mini_trainer.batching.collator import plan_step
+    from mini_trainer.batching.sampler import BatchSampler
+    from mini_trainer.data.index_file import write_index
+    from mini_trainer.data.validate import build_index, read_vocab_size
+
+    lines = (demo_dir / "data" / "sort.train.jsonl").read_bytes().splitlines(keepends=True)
+    data = tmp_path / "big.jsonl"
+    data.write_bytes(b"".join(lines * 6))
+    index_path = tmp_path / "big.parquet"
+    index, summary = build_index(data, read_vocab_size(demo_dir / "model"), 512)
+    write_index(index, summary, index_path, tmp_path / "big.json")
+    lengths, loss_tokens = index["len"].to_numpy(), index["loss_tokens"].to_numpy()
+    batch = BatchSampler(len(index), 16, 7).next_batch()
+    plan = plan_step(batch.indices, lengths, loss_tokens, 2, 512)
+    rank1 = [i for ranks in plan.micro_batches for i in ranks[1]]
+    size = data.stat().st_size
+    victim = next(i for i in rank1 if 1 << 20 < index["offset"][i] < size - (2 << 20))
+    raw = bytearray(data.read_bytes())
+    start, nbytes = int(index["offset"][victim]), int(index["nbytes"][victim])
+    sample = json.loads(raw[start : start + nbytes])
+    shorter = json.dumps(
+        {"input_ids": sample["input_ids"][:-1], "labels": sample["labels"][:-1]},
+        separators=(",", ":"),
+    ).encode()
+    assert len(shorter) <= nbytes
+    raw[start : start + nbytes] = shorter.ljust(nbytes)  # JSON allows trailing spaces
+    data.write_bytes(bytes(raw))
+    return data, index_path, int(index["line"][victim])
+
+
+@pytest.mark.slow
+def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_path):
+    data, index, line = _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path)
+    flags = {"data-path": data, "data-index": index, "training-mode": "step", "max-steps": 2}
+    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags))
+    assert result.returncode == 2, result.stderr
+    errors = [text for text in result.stderr.splitlines() if "error" in text.lower()]
+    assert errors == [
+        f"error: {data}:{line}: the data no longer matches its index (the file changed after "
+        "validation); rerun `mini-trainer validate`"
+    ], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_bad_flag_is_refused_before_any_worker_starts(demo_dir, tmp_path):
+    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **{"learning-rate": "-1e-3"}))
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["error: --learning-rate: must be a finite number >= 0, "
+                                          "got -0.001"]  # fmt: skip
+    assert not (tmp_path / "run").exists()
+
+
+def _start_infinite_run(demo_dir, out):
+    process = subprocess.Popen(
+        launcher_command(*base_flags(demo_dir, out, **{"training-mode": "infinite"})),
+        env=subprocess_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return process
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGUSR1])  # SIGTERM/SIGINT: same path (test_train)
+def test_stop_signals_reach_every_worker_and_nothing_is_orphaned(demo_dir, tmp_path, signum):
+    out = tmp_path / "run"
+    process = _start_infinite_run(demo_dir, out)
+    workers = psutil.Process(process.pid).children(recursive=True)
+    assert len(workers) >= 2
+    if signum == signal.SIGUSR1:
+        # A second job on the same folder, even a --resume, is refused at once.
+        second = subprocess.run(
+            [sys.executable, "-m", "mini_trainer.train",
+             *base_flags(demo_dir, out, **{"training-mode": "infinite", "resume": True})],
+            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+        )  # fmt: skip
+        assert second.returncode == 2, second.stderr
+        (line,) = [text for text in second.stderr.splitlines() if text.startswith("error")]
+        assert "--output-dir is in use by another training job (pid" in line
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 75, stderr
+    assert "Traceback" not in stderr
+    assert f"stopped by {signal.Signals(signum).name}" in stderr
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"orphaned workers: {alive}"
+    (state,) = (out / "state").iterdir()
+    assert sorted(p.name for p in state.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
+    assert read_metrics(out)[-1]["step"] == int(state.name.removeprefix("step_"))
+
+
+@pytest.mark.slow
+def test_a_non_finite_loss_stops_at_its_step_and_exports_nothing(demo_dir, tmp_path):
+    out = tmp_path / "run"
+    flags = {"learning-rate": 1e30, "training-mode": "step", "max-steps": 6,
+             "save-every-steps": 1, "save-final-checkpoint": True}  # fmt: skip
+    result = run_launcher(*base_flags(demo_dir, out, **flags))
+    assert result.returncode == 3, result.stderr
+    (line,) = [text for text in result.stderr.splitlines() if text.startswith("error")]
+    rows = read_metrics(out)
+    bad_step = len(rows) + 1
+    assert line.startswith(f"error: step {bad_step}: non-finite loss"), line
+    assert f"last saved state: {out / 'state' / f'step_{len(rows)}'}" in line
+    assert "Traceback" not in result.stderr
+    assert not (out / "final").exists() and not (out / "hf_format").exists()
+    states = sorted(int(p.name.removeprefix("step_")) for p in (out / "state").glob("step_*"))
+    assert states and max(states) == len(rows), "no state is saved for the bad step"
+    # The newest state holds the last good (finite) weights.
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(out / "state" / f"step_{max(states)}", tmp_path / "state.pt")
+    weights = torch.load(tmp_path / "state.pt", weights_only=False)["model"]
+    assert weights and all(bool(torch.isfinite(t).all()) for t in weights.values())
