@@ -113,3 +113,50 @@ def test_chunked_head_transforms_match_the_plain_formula(chunk_size):
         results.append([loss.detach(), hidden.grad.clone(), weight.grad.clone(), bias.grad.clone()])
     for got, want in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.slow
+def test_tied_embeddings_train_under_fsdp2_with_transformers_loss(demo_dir, tmp_path):
+    """2 ranks, FSDP2: step 1's loss is transformers' loss of the batch, and the exported
+    model keeps one tied matrix (trained) for input and output embeddings."""
+    import json
+    import shutil
+
+    from conftest import base_flags, read_metrics, run_launcher
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from mini_trainer.batching.sampler import BatchSampler
+
+    tied = tmp_path / "tied"
+    shutil.copytree(demo_dir / "model", tied)
+    config = AutoConfig.from_pretrained(tied)
+    config.tie_word_embeddings = True
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(tied)
+    assert "lm_head.weight" not in load_file(tied / "model.safetensors")
+
+    out = tmp_path / "run"
+    data = demo_dir / "data" / "sort.train.jsonl"
+    flags = {"model-name-or-path": tied, "data-path": data, "training-mode": "step",
+             "max-steps": 2, "save-final-checkpoint": True}  # fmt: skip
+    result = run_launcher(*base_flags(demo_dir, out, **flags))
+    assert result.returncode == 0, result.stderr
+
+    samples = [json.loads(line) for line in data.read_text().splitlines()]
+    batch = BatchSampler(len(samples), 16, 7).next_batch().indices
+    base = AutoModelForCausalLM.from_pretrained(tied).eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in batch:
+            ids = torch.tensor([samples[i]["input_ids"]])
+            labels = torch.tensor([samples[i]["labels"]])
+            n = int((labels[0, 1:] != -100).sum())
+            total += base(input_ids=ids, labels=labels, use_cache=False).loss.item() * n
+            count += n
+    assert read_metrics(out)[0]["loss"] == pytest.approx(total / count, rel=1e-5)
+
+    exported = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert exported.lm_head.weight.data_ptr() == exported.model.embed_tokens.weight.data_ptr()
+    assert "lm_head.weight" not in load_file(out / "final" / "model.safetensors")
+    assert not torch.equal(exported.model.embed_tokens.weight, base.model.embed_tokens.weight)
