@@ -44,9 +44,24 @@ def atomic_path(path: str | os.PathLike, is_dir: bool = False) -> Iterator[Path]
         raise
 
 
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def publish_dir(tmp: Path, final: Path) -> None:
-    """Rename the complete folder `tmp` to `final`, replacing an older `final` if any."""
+    """Rename the complete folder `tmp` to `final`, replacing an older `final` if any.
+
+    Files inside get the usual mode (0666 less the umask, 0644 by default): some writers
+    (safetensors' `save_file`, hence `save_pretrained`) create them 0600 through a temporary
+    file, which would make a shared checkpoint unreadable to the rest of a team.
+    """
     os.chmod(tmp, 0o755)
+    file_mode = 0o666 & ~current_umask()
+    for path in tmp.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            os.chmod(path, file_mode)
     if not final.exists():
         os.replace(tmp, final)
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 from mini_trainer.errors import UserError
@@ -28,3 +29,18 @@ def check_outputs(
             raise UserError(f"{path}: {option} is a folder, expected a file path")
         if Path(path).exists() and not force:
             raise UserError(f"{path}: already exists (pass --force to replace it)")
+        check_writable(Path(path).parent, option)
+
+
+def check_writable(folder: Path, option: str) -> None:
+    """Create `folder` if needed and write a temporary file in it, or raise a `UserError`.
+
+    Checked before any work, so a read-only or full location fails in a second, not after a
+    long scan. (Permission bits alone say nothing for root: only a real write tells.)
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise UserError(f"{folder}: {option}: cannot write there ({error.strerror})") from None

@@ -61,6 +61,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler, planned_steps
     from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
     from mini_trainer.training.run_lock import lock_output_dir
+    from mini_trainer.training.save_guard import write_errors
 
     out = Path(args.output_dir)
     lock_output_dir(out, runtime)  # one job per output folder, for the job's life
@@ -117,21 +118,23 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             "scheduler": scheduler.state_dict(),
             "fingerprint": run_print,
         }
-        checkpoint.save_state(
-            out, progress.step, model, optimizer, trainer_state, runtime, args.keep_states
-        )
+        with write_errors(out, f"state/step_{progress.step}", runtime):
+            checkpoint.save_state(
+                out, progress.step, model, optimizer, trainer_state, runtime, args.keep_states
+            )
 
     def save_hf(name: str) -> None:
         divergence.check_weights(model, runtime)
-        checkpoint.save_hf_checkpoint(
-            model,
-            config,
-            args.model_name_or_path,
-            out / name,
-            args.save_dtype,
-            runtime,
-            method.export_weights,
-        )
+        with write_errors(out, name, runtime):
+            checkpoint.save_hf_checkpoint(
+                model,
+                config,
+                args.model_name_or_path,
+                out / name,
+                args.save_dtype,
+                runtime,
+                method.export_weights,
+            )
 
     # -- steps
     model.train()

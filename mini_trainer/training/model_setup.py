@@ -96,14 +96,58 @@ def load_weights(model_path: str, config) -> tuple[dict, dict]:
     Buffers are returned apart because non-persistent ones (rotary frequencies) are not in the
     state dict, yet the other ranks, built on the meta device, need their values too.
     """
-    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # our own progress output is the step lines
-    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32)
+    model = _checked_from_pretrained(model_path, config)
     state = {f"model.{key}": value for key, value in model.state_dict().items()}
     buffers = {f"model.{key}": value.clone() for key, value in model.named_buffers()}
     return state, buffers
+
+
+def _checked_from_pretrained(model_path: str, config):
+    """The fp32 model, or `UserError` if its weights do not load or do not fit the config.
+
+    transformers only warns about weights that are missing from the file (they start random)
+    or that the config has no place for; training would then quietly start from noise or from
+    a different model. (Weights of another shape it refuses itself.)
+    """
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            model_path, config=config, dtype=torch.float32, output_loading_info=True
+        )
+    except Exception as error:  # noqa: BLE001 (safetensors, torch and OS errors alike)
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise UserError(f"{model_path}: the weights do not load: {reason}") from None
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(info.get("missing_keys", ())) - tied)
+    unexpected = sorted(info.get("unexpected_keys", ()))
+    if missing or unexpected:
+        names = ", ".join((missing + unexpected)[:3])
+        more = len(missing) + len(unexpected) - 3
+        names += f" and {more} more" if more > 0 else ""
+        raise UserError(
+            f"{model_path}: the weights do not match config.json ({len(missing)} missing, "
+            f"{len(unexpected)} not in the config: {names})"
+        )
+    return model
+
+
+def _weights_on_rank0(model_path: str, config, runtime: Runtime) -> tuple[dict, dict]:
+    """`load_weights` on rank 0 (empty elsewhere); a `UserError` there is raised on every rank."""
+    weights: tuple[dict, dict] = ({}, {})
+    problem = None
+    if runtime.is_main:
+        try:
+            weights = load_weights(model_path, config)
+        except UserError as error:
+            problem = error.lines
+    problem = broadcast_object(problem, runtime)
+    if problem:
+        raise UserError(*problem)
+    return weights
 
 
 def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLoss, object]:
@@ -119,7 +163,7 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
     config = load_config(model_path, attention)
     if runtime.is_main:
         log.info("attention implementation: %s", attention)
-    full_state, buffers = load_weights(model_path, config) if runtime.is_main else ({}, {})
+    full_state, buffers = _weights_on_rank0(model_path, config, runtime)
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

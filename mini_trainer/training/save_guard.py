@@ -1,0 +1,81 @@
+"""A failed write of a checkpoint (disk full, quota, read-only) as one line, not a traceback.
+
+torch.distributed.checkpoint wraps each rank's OSError in a `CheckpointException` (or torch.save
+reports a full disk as a RuntimeError; then a probe write finds the cause); the HF export raises
+the OSError itself. Either way the run stops with a `UserError` naming what was being
+written and why, after rank 0 removed the partial temporary folders (the job holds the output
+folder's lock, so every temporary folder there is its own). The states already on disk stay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from mini_trainer.errors import UserError
+from mini_trainer.training.distributed import Runtime
+
+
+def find_os_error(error: BaseException) -> OSError | None:
+    """The OSError behind `error` (itself, its cause or context, or a DCP rank failure)."""
+    seen: set[int] = set()
+    todo = [error]
+    while todo:
+        current = todo.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            return current
+        todo += [current.__cause__, current.__context__]
+        failures = getattr(current, "failures", None)  # CheckpointException: rank -> error
+        if isinstance(failures, dict):
+            for failure in failures.values():  # (exception, traceback) pairs
+                first = failure[0] if isinstance(failure, tuple) and failure else failure
+                if isinstance(first, BaseException):
+                    todo.append(first)
+    return None
+
+
+PROBE_BYTES = 1 << 20
+
+
+def probe_write(folder: Path) -> OSError | None:
+    """The OSError a 1 MiB write into `folder` gets now, or None if it succeeds.
+
+    torch.save reports a full disk as a RuntimeError from its zip writer ("unexpected pos"),
+    with no OSError to find; a write that fails right after says what the real cause was.
+    """
+    try:
+        with tempfile.TemporaryFile(dir=folder) as handle:
+            handle.write(b"\0" * PROBE_BYTES)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        return error
+    return None
+
+
+@contextlib.contextmanager
+def write_errors(out_dir: Path, what: str, runtime: Runtime) -> Iterator[None]:
+    """Turn an OSError while writing `what` into a one-line `UserError`, cleaning up first."""
+    try:
+        yield
+    except BaseException as error:  # DCP's CheckpointException is a BaseException
+        if isinstance(error, (KeyboardInterrupt, SystemExit, UserError)):
+            raise
+        os_error = find_os_error(error) or probe_write(out_dir)
+        if os_error is None:
+            raise
+        if runtime.is_main:
+            from mini_trainer.training.checkpoint import remove_stale_temp_dirs
+
+            remove_stale_temp_dirs(out_dir)
+        reason = os_error.strerror or str(os_error)
+        raise UserError(
+            f"{out_dir}: writing {what} failed: {reason} (partial files removed; the states "
+            "already saved are kept: make room and run again with --resume)"
+        ) from None

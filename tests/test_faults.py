@@ -1,0 +1,130 @@
+"""Faults that must end in one line, not a traceback: unwritable outputs, a full disk, weights
+that do not load or do not fit the config; and outputs that others can read (mode 644)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT, base_flags, run_cli, subprocess_env
+
+from mini_trainer.errors import UserError
+from mini_trainer.io_utils import current_umask
+
+
+@contextlib.contextmanager
+def tmpfs(path, options):
+    """A tmpfs mounted at `path` for the block (root ignores chmod: only a mount is real)."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_validate_and_tokenize_refuse_a_read_only_output_before_scanning(demo_dir, tmp_path):
+    data = demo_dir / "data" / "sort.train.jsonl"
+    chat = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    chat.write_text(json.dumps({"messages": turns}) + "\n")
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as read_only:
+        result = run_cli(
+            "validate", data, "--model", demo_dir / "model", "--max-tokens-per-gpu", 512,
+            "--out-index", read_only / "i.parquet", "--out-summary", tmp_path / "s.json",
+        )  # fmt: skip
+        assert result.returncode == 2
+        assert result.stderr.splitlines() == [
+            f"error: {read_only}: --out-index: cannot write there (Read-only file system)"
+        ]
+        result = run_cli("tokenize", chat, "--model", demo_dir / "model",
+                         "--out", read_only / "sub" / "t.jsonl")  # fmt: skip
+        assert result.returncode == 2
+        assert result.stderr.splitlines() == [
+            f"error: {read_only / 'sub'}: --out: cannot write there (Read-only file system)"
+        ]
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_state_save_is_one_line_and_leaves_no_partial_folder(
+    demo_dir, tmp_path
+):
+    with tmpfs(tmp_path / "small", "size=6m") as small:
+        out = small / "run"
+        flags = {"training-mode": "step", "max-steps": 2, "save-every-steps": 1}
+        result = subprocess.run(
+            [sys.executable, "-m", "mini_trainer.train", *base_flags(demo_dir, out, **flags)],
+            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 2, result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        assert errors == [f"error: {out}: writing state/step_1 failed: No space left on device "
+                          "(partial files removed; the states already saved are kept: make room "
+                          "and run again with --resume)"], result.stderr  # fmt: skip
+        assert "Traceback" not in result.stderr
+        leftovers = [p.name for p in (out / "state").iterdir()] if (out / "state").exists() else []
+        assert leftovers == []
+
+
+def _model_copy(demo_dir, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(demo_dir / "model", model)
+    return model
+
+
+def _load(model):
+    from mini_trainer.training.model_setup import load_config, load_weights
+
+    return load_weights(str(model), load_config(str(model), "sdpa"))
+
+
+def test_truncated_weights_are_one_line(demo_dir, tmp_path):
+    model = _model_copy(demo_dir, tmp_path)
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(UserError) as error:
+        _load(model)
+    (line,) = error.value.lines
+    assert line.startswith(f"{model}: the weights do not load: ")
+
+
+@pytest.mark.parametrize(
+    ("layers", "expected"), [(3, "0 missing, 9 not in the config"), (5, "9 missing, 0 not in")]
+)
+def test_weights_that_do_not_fit_the_config_are_refused(demo_dir, tmp_path, layers, expected):
+    model = _model_copy(demo_dir, tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    assert config["num_hidden_layers"] == 4
+    (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers}))
+    with pytest.raises(UserError) as error:
+        _load(model)
+    (line,) = error.value.lines
+    assert f"the weights do not match config.json ({expected}: model.layers" in line, line
+
+
+def test_weights_of_another_shape_are_refused(demo_dir, tmp_path):
+    model = _model_copy(demo_dir, tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    config_other = {**config, "intermediate_size": config["intermediate_size"] * 2}
+    (model / "config.json").write_text(json.dumps(config_other))
+    with pytest.raises(UserError, match="the weights do (not load|not match config.json)"):
+        _load(model)
+
+
+def test_exported_weights_are_readable_by_others(demo_dir, trained_run):
+    expected = 0o666 & ~current_umask()
+    for path in (demo_dir / "model" / "model.safetensors",
+                 trained_run.out / "final" / "model.safetensors",
+                 trained_run.out / "final" / "config.json"):  # fmt: skip
+        assert stat.S_IMODE(os.stat(path).st_mode) == expected, path
