@@ -89,8 +89,15 @@ def test_each_problem_is_reported_at_its_line_and_field(case, demo_model, vocab,
     errors = result.stderr.splitlines()
     assert errors[0].startswith(f"error: {data}:2: {field}: "), errors
     assert reason in errors[0]
-    assert errors[-1] == f"error: {data}: 1 problem; no index written"
-    assert len(errors) == 2
+    hint = (
+        [
+            "error: samples longer than --max-tokens-per-gpu: 1; pass --on-long drop to leave "
+            "them out of the index (they are counted in the summary)"
+        ]
+        if case == "too_long"
+        else []
+    )
+    assert errors[1:] == [f"error: {data}: 1 problem; no index written", *hint]  # fmt: skip
     assert not index.exists() and not summary.exists()
     assert list(tmp_path.iterdir()) == [data], "a temporary file was left behind"
 
@@ -267,3 +274,39 @@ def test_parallel_ranges_match_a_single_pass(demo_dir, vocab, tmp_path):
     assert one.dropped == many.dropped > 0 and one.dropped_lines == many.dropped_lines
     assert one.lines == many.lines == len(lines)
     assert one.end == many.end == data.stat().st_size
+
+
+def test_same_json_fault_reads_the_same_in_validate_and_tokenize():
+    from mini_trainer.data.checks import check_line
+    from mini_trainer.data.tokenize import _messages_of
+
+    for raw in (b'{"messages": [', b"", b"\xff", b'{"a": 1,}'):
+        (validate_problem,) = check_line(raw, 100).problems
+        _, tokenize_problem = _messages_of(raw)
+        assert validate_problem == tokenize_problem, raw
+
+
+def test_chat_data_points_at_tokenize():
+    from mini_trainer.data.checks import check_line
+
+    (problem,) = check_line(b'{"messages": [{"role": "user", "content": "hi"}]}', 100).problems
+    assert problem[0] == "input_ids" and "mini-trainer tokenize" in problem[1]
+
+
+def test_samples_over_the_cap_are_counted_and_the_hint_comes_once(tmp_path):
+    import json
+
+    import pytest
+
+    from mini_trainer.data.validate import build_index
+    from mini_trainer.errors import UserError
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"input_ids": list(range(n)), "labels": list(range(n))} for n in (3, 9, 9, 4)]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(UserError) as error:
+        build_index(data, 100, 5, long_hint="{count} too long: do X")
+    lines = error.value.lines
+    assert lines[-1] == "2 too long: do X"
+    assert sum("do X" in line or "--on-long" in line for line in lines) == 1
+    assert lines[0] == f"{data}:2: input_ids: 9 tokens, more than --max-tokens-per-gpu 5"

@@ -149,8 +149,12 @@ def test_run_training_api(demo_dir, tmp_path, monkeypatch):
     bad = dataclasses.replace(args, output_dir=str(tmp_path / "bad"), max_tokens_per_gpu=8)
     with pytest.raises(TrainingFailed) as failure:
         run_training(TorchrunArgs(nproc_per_node=1), bad, echo=False)
-    assert failure.value.returncode != 0
-    assert "more than --max-tokens-per-gpu 8" in "".join(failure.value.tail)
+    assert failure.value.returncode == 2  # the launcher's documented status for a user error
+    tail = "".join(failure.value.tail)
+    assert "more than --max-tokens-per-gpu 8" in tail
+    # One hint, naming commands that exist: validate --on-long drop, then train --data-index.
+    assert tail.count("--on-long drop") == 1 and "train with --data-index F.parquet" in tail
+    assert "Traceback" not in tail
 
 
 @pytest.mark.parametrize("name", SCHEDULERS)

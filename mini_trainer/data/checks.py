@@ -109,8 +109,12 @@ def _check_labels(labels: list[int], vocab_size: int) -> tuple[tuple[str, str] |
     return (f"labels[{i}]", reason), 0
 
 
-def _parse(raw: bytes) -> tuple[object, tuple[str, str] | None]:
-    """Parse with the stdlib: its acceptance and messages are the reference."""
+def parse_json_line(raw: bytes) -> tuple[object, tuple[str, str] | None]:
+    """Parse with the stdlib: its acceptance and messages are the reference.
+
+    validate and tokenize both report a line that is not JSON through this function, so the
+    same fault reads the same in both.
+    """
     if not raw.strip():
         return None, ("json", "blank line (JSONL needs one JSON object per line)")
     try:
@@ -138,7 +142,7 @@ def check_line(raw: bytes, vocab_size: int) -> LineCheck:
             return result
     except orjson.JSONDecodeError:
         pass
-    sample, problem = _parse(raw)
+    sample, problem = parse_json_line(raw)
     if problem:
         return LineCheck(problems=(problem,))
     return check_sample(sample, raw, vocab_size)
@@ -150,6 +154,12 @@ def check_sample(sample: object, raw: bytes, vocab_size: int) -> LineCheck:
         return LineCheck(problems=(("json", f"expected a JSON object, got {describe(sample)}"),))
     may_have_bools = b"true" in raw or b"false" in raw
     problems = []
+    if "messages" in sample and not any(name in sample for name in SEQUENCE_FIELDS):
+        return LineCheck(problems=((
+            "input_ids",
+            "missing: this line is chat data (messages); pre-tokenize the file first with "
+            "mini-trainer tokenize FILE --model MODEL --out TOKENIZED.jsonl",
+        ),))  # fmt: skip
     for name in SEQUENCE_FIELDS:
         if name not in sample:
             problems.append((name, "missing"))

@@ -94,6 +94,28 @@ def read_index_metadata(index_path: str | os.PathLike) -> dict:
     return json.loads(raw)
 
 
+def index_fit_problem(
+    metadata: dict, longest: int, model_vocab: int, max_tokens_per_gpu: int
+) -> str | None:
+    """Why an index (its metadata and longest sample) cannot serve a run, or None.
+
+    The one rule for "does this index fit": its token ids were checked against a vocabulary no
+    larger than the model's, and no sample is longer than the run's token cap.
+    """
+    checked = metadata.get("vocab_size")
+    if checked is None or checked > model_vocab:
+        return (
+            f"token ids were checked against a vocabulary of {checked}, but the model has "
+            f"{model_vocab} (validate with this model)"
+        )
+    if longest > max_tokens_per_gpu:
+        return (
+            f"holds a {longest}-token sample, more than --max-tokens-per-gpu "
+            f"{max_tokens_per_gpu} (validate with that cap)"
+        )
+    return None
+
+
 def stale_reason(recorded: dict, data_path: str | os.PathLike) -> str | None:
     """Why the data file no longer matches the recorded fingerprint, or None if it does."""
     current = fingerprint(data_path)

@@ -37,11 +37,11 @@ class ProblemLog:
         if len(self.shown) < self.max_shown:
             self.shown.append(f"{self.file}: {reason}")
 
-    def raise_if_any(self, nothing_written: str = "nothing written") -> None:
-        """Raise a `UserError` listing the problems and their total, if there are any."""
+    def raise_if_any(self, nothing_written: str = "nothing written", hints=()) -> None:
+        """Raise a `UserError` listing the problems, their total and `hints`, if any."""
         if not self.count:
             return
         total = f"{self.file}: {self.count} problem{'s' if self.count != 1 else ''}"
         if self.count > len(self.shown):
             total += f" (first {len(self.shown)} shown)"
-        raise UserError(*self.shown, f"{total}; {nothing_written}")
+        raise UserError(*self.shown, f"{total}; {nothing_written}", *hints)

@@ -49,6 +49,7 @@ class RangeResult:
     problems: list[tuple[int, str, str]] = field(default_factory=list)
     """The first `MAX_SHOWN` problems as (line, FIELD, reason)."""
     problem_count: int = 0
+    too_long: int = 0
     dropped: int = 0
     dropped_lines: list[int] = field(default_factory=list)
     end: int = 0
@@ -81,10 +82,8 @@ def split_ranges(path: str | os.PathLike, size: int, chunk_bytes: int = CHUNK_BY
 
 
 def _long_reason(length: int, max_tokens: int) -> str:
-    return (
-        f"{length} tokens, more than --max-tokens-per-gpu {max_tokens} "
-        "(use --on-long drop to skip such samples)"
-    )
+    # The remedy is the caller's to say, once (it differs for validate and train).
+    return f"{length} tokens, more than --max-tokens-per-gpu {max_tokens}"
 
 
 def scan_range(task: ScanTask) -> RangeResult:
@@ -104,6 +103,7 @@ def scan_range(task: ScanTask) -> RangeResult:
             if not problems and check.length > task.max_tokens:
                 if task.on_long == "error":
                     problems.append(("input_ids", _long_reason(check.length, task.max_tokens)))
+                    result.too_long += 1
                 else:
                     result.dropped += 1
                     if len(result.dropped_lines) < MAX_SHOWN:
@@ -132,6 +132,8 @@ class ScanResult:
     dropped: int
     dropped_lines: list[int]
     end: int
+    too_long: int = 0
+    """Samples over the cap (with on_long "error"): counted, so callers need not read messages."""
 
 
 def _merge(results: list[RangeResult]) -> ScanResult:
@@ -148,6 +150,7 @@ def _merge(results: list[RangeResult]) -> ScanResult:
         room = MAX_SHOWN - len(merged.dropped_lines)
         merged.dropped_lines += [n + first_line for n in part.dropped_lines[:room]]
         merged.dropped += part.dropped
+        merged.too_long += part.too_long
         merged.lines += part.lines
         merged.end = part.end
     merged.rows = np.concatenate(parts) if parts else merged.rows

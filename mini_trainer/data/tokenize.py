@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 
 from mini_trainer.data.chat import tokenize_conversation
-from mini_trainer.data.checks import describe
+from mini_trainer.data.checks import describe, parse_json_line
 from mini_trainer.data.lines import iter_lines
 from mini_trainer.data.problems import ProblemLog
 from mini_trainer.data.validate import ON_LONG
@@ -66,14 +66,9 @@ def tokenizer_warnings(tokenizer) -> list[str]:
 
 
 def _messages_of(raw: bytes) -> tuple[object, tuple[str, str] | None]:
-    if not raw.strip():
-        return None, ("json", "blank line (JSONL needs one JSON object per line)")
-    try:
-        record = json.loads(raw)
-    except UnicodeDecodeError as error:
-        return None, ("json", f"not valid UTF-8 (byte {error.start})")
-    except ValueError as error:
-        return None, ("json", f"invalid JSON: {error}")
+    record, problem = parse_json_line(raw)
+    if problem:
+        return None, problem
     if not isinstance(record, dict):
         return None, ("json", f"expected a JSON object, got {describe(record)}")
     if "messages" not in record:

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
 __all__ = ["build_index", "read_vocab_size", "summary_text", "write_index"]
 
 ON_LONG = ("error", "drop")
+VALIDATE_LONG_HINT = (
+    "samples longer than --max-tokens-per-gpu: {count}; pass --on-long drop to leave them "
+    "out of the index (they are counted in the summary)"
+)
 PERCENTILES = (50, 90, 95, 99)
 
 
@@ -67,6 +71,7 @@ def build_index(
     on_long: str = "error",
     progress: bool | None = None,
     workers: int | None = None,
+    long_hint: str = VALIDATE_LONG_HINT,
 ) -> tuple[pd.DataFrame, dict]:
     """Check every line of `data_path`; return the index and a summary, or raise `UserError`.
 
@@ -75,6 +80,8 @@ def build_index(
     t >= 1). Samples longer than `max_tokens` are an error, or dropped and counted when
     `on_long` is "drop". `progress=None` shows a bar only when stderr is a terminal; `workers`
     processes check the file (default: the usable CPUs, up to 8; small files use one).
+    `long_hint` (its "{count}" replaced by the number) ends the error when samples are over
+    the cap: the remedy depends on the command that called.
     """
     if on_long not in ON_LONG:
         raise ValueError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
@@ -93,7 +100,8 @@ def build_index(
         log.add_file_problem(
             f"no sample left: all {dropped} are longer than --max-tokens-per-gpu {max_tokens}"
         )
-    log.raise_if_any("no index written")
+    hints = [long_hint.replace("{count}", str(scan.too_long))] if scan.too_long else []
+    log.raise_if_any("no index written", hints)
     import pandas as pd  # here: a failing run (the common interactive case) never pays for it
 
     index = pd.DataFrame({name: scan.rows[:, i] for i, name in enumerate(INDEX_COLUMNS)})
