@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_training_args(argv)
         check_inputs(args, world_size)
+        if rank == 0:
+            for warning in args.warnings():
+                log.warning("warning: %s", warning)
         started = True
         status = run(args)
     except UserError as error:

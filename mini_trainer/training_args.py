@@ -73,7 +73,11 @@ class TrainingArgs:
     min_samples_per_checkpoint: int | None = _arg(
         None, "Write hf_format/samples_<N>/ each time this many more samples have been seen."
     )
-    save_final_checkpoint: bool = _arg(False, "Write final/ when training ends.")
+    save_final_checkpoint: bool = _arg(
+        False,
+        "Write final/ when training ends (without it, and without the two flags above, "
+        "the run writes no weights: a warning says so).",
+    )
     wandb_project: str | None = _arg(None, "Log to this Weights & Biases project.")
     wandb_run_name: str | None = _arg(None, "Weights & Biases run name.")
     wandb_entity: str | None = _arg(None, "Weights & Biases entity (team or user).")
@@ -158,6 +162,17 @@ class TrainingArgs:
                 f"--num-warmup-steps: {self.num_warmup_steps} is more than --max-steps "
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
+
+    def warnings(self) -> list[str]:
+        """Legal but probably unintended settings, printed at the start of a run."""
+        out = []
+        exports = self.save_final_checkpoint or self.checkpoint_at_epoch
+        if not (exports or self.min_samples_per_checkpoint):
+            out.append(
+                "no weights will be written (only training states, with --save-every-steps): "
+                "pass --save-final-checkpoint to get OUT/final/"
+            )
+        return out
 
     @property
     def scheduler_needs_total_steps(self) -> bool:
@@ -282,9 +297,15 @@ def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.Argumen
     """The argparse parser of the training job, generated from `TrainingArgs`."""
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Full fine-tuning job. Run under torchrun, one process per GPU (or per CPU "
-        "slot with gloo): torchrun --nproc-per-node N -m mini_trainer.train --model-name-or-path "
-        "M --data-path D --output-dir OUT.",
+        description="Full fine-tuning job, one process per GPU (or per CPU slot with gloo). "
+        "`mini-trainer train --nproc-per-node N FLAGS` starts the N processes itself (also "
+        "--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id for several nodes), forwards "
+        "SIGTERM/SIGINT/SIGUSR1 to them and prints each error once; or run one process per "
+        "rank under torchrun: torchrun --nproc-per-node N -m mini_trainer.train FLAGS.",
+        epilog="Exit status: 0 done; 2 bad input (one line per problem); 3 training diverged "
+        "(non-finite loss, gradient norm or weights); 75 stopped by a signal with a state saved "
+        "(run again with --resume); 1 anything else. Without --save-final-checkpoint (or "
+        "--checkpoint-at-epoch / --min-samples-per-checkpoint) no weights are written.",
         argument_default=argparse.SUPPRESS,
     )
     types_by_name = _field_types()
@@ -293,7 +314,11 @@ def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.Argumen
         flag = f"--{_flag(f.name)}"
         help_text = f.metadata["help"]
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if not required and f.default not in (None, False):
+        if f.name.startswith("osft_"):
+            help_text += " Needs --osft."
+        if required:
+            help_text += " (required)"
+        elif f.default not in (None, False):
             help_text += f" (default: {f.default})"
         if kind is bool:
             parser.add_argument(flag, action="store_true", help=help_text)

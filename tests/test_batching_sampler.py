@@ -9,9 +9,6 @@ import pytest
 
 from mini_trainer.batching.sampler import (
     BatchSampler,
-    TrainingMode,
-    check_mode_limits,
-    should_stop,
 )
 
 
@@ -101,34 +98,3 @@ def test_load_state_dict_refuses_invalid_positions(epoch, position):
 def test_constructor_rejects_bad_arguments(args):
     with pytest.raises(ValueError):
         BatchSampler(*args)
-
-
-def stop(mode, **progress):
-    limits = {"max_epochs": 2, "max_steps": 10, "max_tokens": 1000}
-    counts = {"epochs_completed": 0, "steps": 0, "loss_tokens": 0} | progress
-    return should_stop(mode, **counts, **limits)
-
-
-def test_should_stop_per_mode():
-    assert not stop("epoch", epochs_completed=1, steps=10**6, loss_tokens=10**9)
-    assert stop("epoch", epochs_completed=2)
-    assert not stop("step", steps=9, epochs_completed=99, loss_tokens=10**9)
-    assert stop("step", steps=10)
-    assert not stop("token", loss_tokens=999, steps=10**6, epochs_completed=99)
-    assert stop("token", loss_tokens=1000)
-    assert stop(TrainingMode.TOKEN, loss_tokens=1500)
-    assert not stop("infinite", epochs_completed=10**6, steps=10**6, loss_tokens=10**12)
-
-
-def test_check_mode_limits():
-    assert check_mode_limits("epoch", max_epochs=1) is TrainingMode.EPOCH
-    assert check_mode_limits("infinite") is TrainingMode.INFINITE
-    assert check_mode_limits(TrainingMode.STEP, max_steps=5, max_epochs=None) is TrainingMode.STEP
-    with pytest.raises(ValueError, match="--max-epochs"):
-        check_mode_limits("epoch", max_steps=5)
-    with pytest.raises(ValueError, match="--max-steps"):
-        check_mode_limits("step", max_epochs=5)
-    with pytest.raises(ValueError, match="--max-tokens"):
-        check_mode_limits("token", max_tokens=0)
-    with pytest.raises(ValueError, match="unknown training mode 'epochs'"):
-        check_mode_limits("epochs", max_epochs=1)

@@ -189,3 +189,24 @@ def test_bad_values_are_named_not_parsed_as_flags(extra, expected):
         parse_training_args(["--model-name-or-path", "m", "--data-path", "d", "--output-dir", "o",
                              *extra])  # fmt: skip
     assert len(error.value.lines) == 1 and error.value.lines[0].startswith(expected)
+
+
+def test_help_marks_required_flags_defaults_and_osft_dependencies():
+    from mini_trainer.training_args import build_parser
+
+    parser = build_parser()
+    helps = {action.option_strings[0]: action.help for action in parser._actions}
+    for flag in ("--model-name-or-path", "--data-path", "--output-dir"):
+        assert helps[flag].endswith("(required)"), flag
+    assert helps["--batch-size"].endswith("(default: 32)")
+    osft = [flag for flag in helps if flag.startswith("--osft-")]
+    assert len(osft) >= 5 and all("Needs --osft." in helps[flag] for flag in osft)
+    assert "Exit status: 0 done; 2 bad input" in " ".join(parser.format_help().split())
+
+
+def test_a_run_that_writes_no_weights_is_warned_about():
+    plain = TrainingArgs(model_name_or_path="m", data_path="d", output_dir="o")
+    (warning,) = plain.warnings()
+    assert "no weights will be written" in warning and "--save-final-checkpoint" in warning
+    for flag in ("save_final_checkpoint", "checkpoint_at_epoch"):
+        assert dataclasses.replace(plain, **{flag: True}).warnings() == []

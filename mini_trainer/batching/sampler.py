@@ -1,4 +1,4 @@
-"""Which samples each optimizer step uses, and when training stops.
+"""Which samples each optimizer step uses.
 
 `BatchSampler` walks one seeded permutation per epoch in consecutive global batches. The
 permutation depends only on `seed + epoch`, so every rank computes the same batches without a
@@ -9,12 +9,11 @@ Choices:
   exactly once, none is dropped or repeated to fill the batch. The loss is a token mean over the
   batch, so a shorter batch is simply a smaller step's worth of tokens.
 - After the last batch of an epoch the sampler moves on to the next epoch (a new permutation); it
-  never ends by itself. When to stop is `should_stop`'s decision.
+  never ends by itself. When to stop is `training/stopping.py`'s decision.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,86 +121,3 @@ class BatchSampler:
         self._epoch = epoch
         self._position = position
         self._permutation = None
-
-
-class TrainingMode(enum.StrEnum):
-    """What ends a run.
-
-    - `epoch`: after `max_epochs` complete epochs.
-    - `step`: after `max_steps` optimizer steps.
-    - `token`: once the loss tokens trained on reach `max_tokens`.
-    - `infinite`: never by itself; the sampler reshuffles forever and the run ends when it is
-      stopped from outside (a signal, the scheduler's time limit). Use periodic checkpoints.
-
-    Each mode reads only its own limit; the others are ignored, so defaults for them do no harm.
-    """
-
-    EPOCH = "epoch"
-    STEP = "step"
-    TOKEN = "token"
-    INFINITE = "infinite"
-
-
-_LIMIT_OF_MODE = {
-    TrainingMode.EPOCH: "max_epochs",
-    TrainingMode.STEP: "max_steps",
-    TrainingMode.TOKEN: "max_tokens",
-}
-
-
-def check_mode_limits(
-    mode: str | TrainingMode,
-    *,
-    max_epochs: int | None = None,
-    max_steps: int | None = None,
-    max_tokens: int | None = None,
-) -> TrainingMode:
-    """Return `mode` as a `TrainingMode`; raise `ValueError` if it is unknown or its limit unset.
-
-    Called when arguments are parsed, so a run with no way to end fails before any work.
-    """
-    try:
-        mode = TrainingMode(mode)
-    except ValueError:
-        choices = ", ".join(m.value for m in TrainingMode)
-        raise ValueError(f"unknown training mode {mode!r} (expected one of {choices})") from None
-    limits = {"max_epochs": max_epochs, "max_steps": max_steps, "max_tokens": max_tokens}
-    name = _LIMIT_OF_MODE.get(mode)
-    if name is not None:
-        value = limits[name]
-        flag = "--" + name.replace("_", "-")
-        if value is None:
-            raise ValueError(f"training mode {mode.value!r} needs {flag} ({name})")
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(
-                f"training mode {mode.value!r} needs {flag} ({name}) to be a positive integer, "
-                f"got {value!r}"
-            )
-    return mode
-
-
-def should_stop(
-    mode: str | TrainingMode,
-    *,
-    epochs_completed: int,
-    steps: int,
-    loss_tokens: int,
-    max_epochs: int | None,
-    max_steps: int | None,
-    max_tokens: int | None,
-) -> bool:
-    """Whether training has reached the end `mode` asks for (checked after each optimizer step).
-
-    `epochs_completed` counts finished epochs, `steps` optimizer steps taken, `loss_tokens` loss
-    tokens trained on so far. Limits are validated by `check_mode_limits`.
-    """
-    mode = check_mode_limits(
-        mode, max_epochs=max_epochs, max_steps=max_steps, max_tokens=max_tokens
-    )
-    if mode is TrainingMode.EPOCH:
-        return epochs_completed >= max_epochs
-    if mode is TrainingMode.STEP:
-        return steps >= max_steps
-    if mode is TrainingMode.TOKEN:
-        return loss_tokens >= max_tokens
-    return False

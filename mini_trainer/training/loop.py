@@ -58,10 +58,11 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.method import make_method
     from mini_trainer.training.metrics import MetricsLogger, truncate_metrics
     from mini_trainer.training.model_setup import build_model
-    from mini_trainer.training.optimizer import build_optimizer, build_scheduler, planned_steps
+    from mini_trainer.training.optimizer import build_optimizer, build_scheduler
     from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
     from mini_trainer.training.run_lock import lock_output_dir
     from mini_trainer.training.save_guard import write_errors
+    from mini_trainer.training.stopping import finished, planned_steps
 
     out = Path(args.output_dir)
     lock_output_dir(out, runtime)  # one job per output folder, for the job's life
@@ -139,7 +140,12 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     # -- steps
     model.train()
     try:
-        while not finished(args, progress, sampler.epoch):
+        while not finished(
+            args,
+            steps=progress.step,
+            epochs_completed=sampler.epoch,
+            loss_tokens=progress.loss_tokens_seen,
+        ):
             started = time.perf_counter()
             batch = sampler.next_batch()
             plan = plan_step(
@@ -247,22 +253,6 @@ def train_step(
         lr=lr,
         peak_memory_gb=peak_gb,
         stop_requested=bool(stop_flag),
-    )
-
-
-def finished(args: TrainingArgs, progress: Progress, epochs_completed: int) -> bool:
-    """Whether the run has reached its end: the mode's limit, or --max-steps as a cap."""
-    from mini_trainer.batching.sampler import should_stop
-
-    capped = args.max_steps is not None and progress.step >= args.max_steps
-    return capped or should_stop(
-        args.training_mode,
-        epochs_completed=epochs_completed,
-        steps=progress.step,
-        loss_tokens=progress.loss_tokens_seen,
-        max_epochs=args.max_epochs,
-        max_steps=args.max_steps,
-        max_tokens=args.max_tokens,
     )
 
 

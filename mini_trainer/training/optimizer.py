@@ -1,13 +1,11 @@
-"""The optimizer phase: AdamW over the method's parameter groups, the scheduler, planned steps."""
+"""The optimizer phase: AdamW over the method's parameter groups, and the scheduler."""
 
 from __future__ import annotations
 
 import logging
-import math
 
 import torch
 
-from mini_trainer.errors import UserError
 from mini_trainer.training_args import TrainingArgs
 
 
@@ -45,18 +43,3 @@ def build_scheduler(args: TrainingArgs, optimizer, total_steps: int | None):
         num_warmup_steps=args.num_warmup_steps,
         num_training_steps=total_steps,
     )
-
-
-def planned_steps(args: TrainingArgs, num_samples: int) -> int | None:
-    """Optimizer steps the run will take, when the training mode fixes them."""
-    if args.training_mode == "epoch":
-        epoch_steps = math.ceil(num_samples / args.batch_size) * args.max_epochs
-        return min(epoch_steps, args.max_steps or epoch_steps)
-    if args.max_steps:  # step mode, or a cap on token and infinite modes
-        return args.max_steps
-    if args.scheduler_needs_total_steps:
-        raise UserError(
-            f"--lr-scheduler {args.lr_scheduler}: needs a known number of steps; use "
-            "--training-mode epoch or step, or give --max-steps"
-        )
-    return None
