@@ -1,7 +1,9 @@
-"""Shared fixtures: the demo assets built once per session, and a CLI runner.
+"""Shared fixtures: the demo assets built once per session, one shared trained run, CLI runners.
 
-The CLI runs as `python -m mini_trainer` in a subprocess with this checkout first on
-PYTHONPATH, so tests exercise the real entry point whatever is installed.
+The CLI runs in-process through click's CliRunner (the same `cli` object the entry point runs);
+a few tests run it as `python -m mini_trainer` in a subprocess with this checkout first on
+PYTHONPATH, so the real entry point is exercised too. Training jobs always run in real
+processes (torchrun or the launcher).
 """
 
 from __future__ import annotations
@@ -28,20 +30,44 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(*args: str | os.PathLike, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
-    """Run `mini-trainer ARGS...`; return the completed process with text stdout/stderr."""
-    result = subprocess.run(
-        [sys.executable, "-m", "mini_trainer", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=kwargs.pop("cwd", REPO_ROOT),
-        timeout=kwargs.pop("timeout", 600),
-        **kwargs,
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"mini-trainer {args} failed:\n{result.stdout}\n{result.stderr}")
-    return result
+def run_cli(
+    *args: str | os.PathLike, check: bool = False, in_process: bool = True, **kwargs
+) -> subprocess.CompletedProcess:
+    """Run `mini-trainer ARGS...`; return the completed process with text stdout/stderr.
+
+    In-process through click's CliRunner by default (no interpreter and torch start-up per
+    call: most of a CLI test's time); `in_process=False` (or any subprocess keyword) runs
+    `python -m mini_trainer` in a child process instead. An unexpected exception shows as a
+    traceback on stderr and exit status 1, as it would in a child.
+    """
+    argv = [str(arg) for arg in args]
+    if in_process and not kwargs:
+        import traceback
+
+        from click.testing import CliRunner
+
+        from mini_trainer.cli import cli
+
+        offline = {key: value for key, value in subprocess_env().items()
+                   if key in ("HF_HUB_OFFLINE", "WANDB_MODE")}  # fmt: skip
+        result = CliRunner(env=offline).invoke(cli, argv, prog_name="mini-trainer")
+        stderr = result.stderr
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            stderr += "".join(traceback.format_exception(result.exception))
+        completed = subprocess.CompletedProcess(argv, result.exit_code, result.stdout, stderr)
+    else:
+        completed = subprocess.run(
+            [sys.executable, "-m", "mini_trainer", *argv],
+            capture_output=True,
+            text=True,
+            env=subprocess_env(),
+            cwd=kwargs.pop("cwd", REPO_ROOT),
+            timeout=kwargs.pop("timeout", 600),
+            **kwargs,
+        )
+    if check and completed.returncode != 0:
+        raise AssertionError(f"mini-trainer {argv} failed:\n{completed.stdout}\n{completed.stderr}")
+    return completed
 
 
 @pytest.fixture(scope="session")
