@@ -6,15 +6,19 @@ same order, with the same loss (chunked linear cross-entropy) and AdamW:
   micro-batch is one row with restarting position ids (what `mini_trainer.train` does);
 - padded: a fixed number of samples per micro-batch, padded to the longest with an attention
   mask (what Hugging Face's default collator does).
-It prints real (non-pad) tokens per second of each side and their ratio.
+It runs both sides `--repeats` times (alternating, padded first), and prints real (non-pad)
+tokens per second of each run, the median of each side, the ratio of the medians, and the
+machine's load average before and after (the machine may be shared).
 
-    python benchmarks/throughput.py [--samples 2000] [--batch-size 32] [--cap 2048]
+    python benchmarks/throughput.py [--samples 2000] [--batch-size 32] [--cap 2048] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -112,6 +116,7 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=2048, help="packed: tokens per micro-batch")
     parser.add_argument("--per-micro", type=int, default=8, help="padded: samples per micro")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -126,26 +131,35 @@ def main() -> None:
             f"median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, "
             f"max {lengths.max()}"
         )
-        results = {}
-        for name in ("padded", "packed"):  # padded first: no warm-up advantage for packed
-            torch.manual_seed(0)
-            # Each side with the attention it is made for: per-sample sdpa for packed rows
-            # (what mini_trainer.train uses on CPU), masked sdpa for padded batches.
-            attention = packed_attention.register() if name == "packed" else "sdpa"
-            model = AutoModelForCausalLM.from_pretrained(
-                Path(tmp) / "model", attn_implementation=attention
-            ).train()
-            if name == "packed":
-                seconds, tokens = run_packed(model, samples, args)
-            else:
-                seconds, tokens = run_padded(model, samples, args, pad_id=0)
-            results[name] = (seconds, tokens)
-            rate = tokens / seconds
-            print(f"{name:>7}: {tokens} real tokens in {seconds:.1f} s = {rate:,.0f} tok/s")
-    (padded_s, padded_t), (packed_s, packed_t) = results["padded"], results["packed"]
-    assert packed_t == padded_t, "both sides must train on the same tokens"
-    ratio = (packed_t / packed_s) / (padded_t / padded_s)
-    print(f"packed / padded tokens per second: {ratio:.2f}x (goal >= 1.5x)")
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        runs: dict[str, list[tuple[float, int]]] = {"padded": [], "packed": []}
+        for repeat in range(args.repeats):
+            for name in ("padded", "packed"):  # padded first: no warm-up advantage for packed
+                torch.manual_seed(0)
+                # Each side with the attention it is made for: per-sample sdpa for packed rows
+                # (what mini_trainer.train uses on CPU), masked sdpa for padded batches.
+                attention = packed_attention.register() if name == "packed" else "sdpa"
+                model = AutoModelForCausalLM.from_pretrained(
+                    Path(tmp) / "model", attn_implementation=attention
+                ).train()
+                if name == "packed":
+                    seconds, tokens = run_packed(model, samples, args)
+                else:
+                    seconds, tokens = run_padded(model, samples, args, pad_id=0)
+                runs[name].append((seconds, tokens))
+                rate = tokens / seconds
+                print(
+                    f"run {repeat + 1} {name:>7}: {tokens} real tokens in {seconds:.1f} s "
+                    f"= {rate:,.0f} tok/s"
+                )
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    tokens = {t for side in runs.values() for _, t in side}
+    assert len(tokens) == 1, "both sides must train on the same tokens"
+    medians = {name: statistics.median(s for s, _ in side) for name, side in runs.items()}
+    ratio = medians["padded"] / medians["packed"]  # same tokens: time ratio = rate ratio
+    for name, seconds in medians.items():
+        print(f"median {name:>7}: {seconds:.1f} s = {tokens.copy().pop() / seconds:,.0f} tok/s")
+    print(f"packed / padded tokens per second (medians): {ratio:.2f}x (goal >= 1.5x)")
 
 
 if __name__ == "__main__":

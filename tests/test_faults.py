@@ -100,7 +100,8 @@ def test_truncated_weights_are_one_line(demo_dir, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("layers", "expected"), [(3, "0 missing, 9 not in the config"), (5, "9 missing, 0 not in")]
+    ("layers", "expected"),
+    [(3, "0 missing, 9 not in the config"), (5, "9 missing, 0 not in the config")],
 )
 def test_weights_that_do_not_fit_the_config_are_refused(demo_dir, tmp_path, layers, expected):
     model = _model_copy(demo_dir, tmp_path)

@@ -48,8 +48,11 @@ def test_changed_options_give_one_line_each_and_may_change_ones_none():
     ]
     assert differences(saved, fingerprint_of(make_args(save_every_steps=3))) == []
     # OSFT options are part of the run.
-    osft = fingerprint_of(make_args(osft_rank_mode="adaptive", osft_target_patterns=["q_proj"]))
-    assert len(differences(saved, osft)) == 2
+    with_osft = {"osft": True, "osft_unfreeze_rank_ratio": 0.5}
+    osft = fingerprint_of(make_args(**with_osft, osft_rank_mode="adaptive",
+                                    osft_target_patterns=["q_proj"]))  # fmt: skip
+    assert len(differences(fingerprint_of(make_args(**with_osft)), osft)) == 2
+    assert len(differences(saved, osft)) == 4  # --osft, the ratio, the mode, the patterns
     data = differences(saved, fingerprint_of(make_args(), data="other"))
     assert data == ["--data-path: not the data the state was trained on (same number of "
                     "samples, different content)"]  # fmt: skip
