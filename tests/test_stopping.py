@@ -40,3 +40,16 @@ def test_planned_steps():
     assert planned_steps(args(training_mode="infinite"), num_samples=10) is None
     with pytest.raises(UserError, match="--lr-scheduler cosine: needs a known number of steps"):
         planned_steps(args(training_mode="infinite", lr_scheduler="cosine"), num_samples=10)
+
+
+def test_a_warm_up_longer_than_the_planned_steps_is_warned_about(caplog):
+    import torch
+
+    from mini_trainer.training.optimizer import build_scheduler
+
+    run = args(num_warmup_steps=50, max_epochs=1, batch_size=4)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    total = planned_steps(run, num_samples=40)
+    with caplog.at_level("WARNING", logger="mini_trainer"):
+        build_scheduler(run, optimizer, total)
+    assert "--num-warmup-steps 50 is more than the 10 planned steps" in caplog.text
