@@ -59,3 +59,35 @@ def test_padded_input_falls_back_to_masked_sdpa():
         got = packed_model(input_ids=ids, attention_mask=mask).logits
         expected = sdpa_model(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=0)
+
+
+def test_sliding_window_layers_attend_within_their_window():
+    """Mistral with a 4-token window: a packed row of long and short samples gives the logits
+    of each sample run alone with transformers' own sliding-window mask."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    def tiny_mistral(attention):
+        torch.manual_seed(0)
+        config = MistralConfig(
+            vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, use_cache=False, sliding_window=4,
+        )  # fmt: skip
+        config._attn_implementation = attention
+        return MistralForCausalLM(config).eval()
+
+    packed_model, single_model = tiny_mistral(register()), tiny_mistral("eager")
+    single_model.load_state_dict(packed_model.state_dict())
+    torch.manual_seed(1)
+    lengths = [11, 3, 9]
+    samples = [torch.randint(0, 97, (n,)) for n in lengths]
+    ids = torch.cat(samples)[None]
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    with torch.no_grad():
+        packed = packed_model(input_ids=ids, position_ids=positions).logits[0]
+        alone = torch.cat([single_model(input_ids=s[None]).logits[0] for s in samples])
+        full_context = tiny_mistral("eager")
+        full_context.config.sliding_window = None
+        full_context.load_state_dict(packed_model.state_dict())
+        unwindowed = full_context(input_ids=samples[0][None]).logits[0]
+    torch.testing.assert_close(packed, alone, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(unwindowed, alone[:11], atol=1e-4), "the window changed nothing"

@@ -46,24 +46,39 @@ def packed_sdpa_attention(
         )  # fmt: skip
         return output.transpose(1, 2).contiguous(), None
     known_bounds = kwargs.get("packed_bounds")  # computed once per forward by the caller
+    window = kwargs.get("sliding_window")  # a layer with local attention (Mistral, Gemma)
     rows = []
     for row in range(query.shape[0]):
         bounds = known_bounds[row] if known_bounds else segment_bounds(position_ids[row])
-        pieces = [
-            F.scaled_dot_product_attention(
-                query[row : row + 1, :, start:end],
-                key[row : row + 1, :, start:end],
-                value[row : row + 1, :, start:end],
-                dropout_p=dropout_p,
-                is_causal=True,
-                scale=scaling,
-                enable_gqa=gqa,
+        pieces = []
+        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+            # Causal, and within the window if the sample is longer than it (as transformers'
+            # mask: query i sees keys j with i - window < j <= i).
+            band = _window_mask(end - start, window, query.device)
+            pieces.append(
+                F.scaled_dot_product_attention(
+                    query[row : row + 1, :, start:end],
+                    key[row : row + 1, :, start:end],
+                    value[row : row + 1, :, start:end],
+                    attn_mask=band,
+                    dropout_p=dropout_p,
+                    is_causal=band is None,
+                    scale=scaling,
+                    enable_gqa=gqa,
+                )
             )
-            for start, end in zip(bounds[:-1], bounds[1:], strict=True)
-        ]
         rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
     output = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]
     return output.transpose(1, 2).contiguous(), None
+
+
+def _window_mask(length: int, window: int | None, device) -> torch.Tensor | None:
+    """(length, length) causal sliding-window mask, or None when the window covers the sample."""
+    if window is None or length <= window:
+        return None
+    positions = torch.arange(length, device=device)
+    offset = positions[:, None] - positions[None, :]
+    return (offset >= 0) & (offset < window)
 
 
 def _causal_padding_mask(padding_mask, q_len: int, kv_len: int, device) -> torch.Tensor | None:
