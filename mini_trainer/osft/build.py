@@ -42,7 +42,7 @@ def model_targets(model_dir: Path, patterns: list[str] | None) -> dict[str, tupl
 
 
 def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: bool) -> dict:
-    """Write the cache folder `out` for `model_dir`; return its meta (on every rank)."""
+    """Write the cache folder `out` for `model_dir`; return its meta (rank 0; None elsewhere)."""
     import torch.distributed as dist
 
     from mini_trainer.training.distributed import broadcast_object, init_runtime
@@ -77,7 +77,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
             publish_dir(tmp, out)
             log.info("osft-svd: %d targets in %.1f s -> %s", len(targets),
                      time.perf_counter() - started, out)  # fmt: skip
-        return broadcast_object(meta, runtime) if runtime else meta
+        return meta
     except BaseException:
         if rank == 0 and tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -100,6 +100,7 @@ def _factorize(model_dir: Path, names: list[str], folder: Path, rank: int) -> di
             return
         name = f"factors-{rank:05d}-{len(files):05d}.safetensors"
         save_file(part, folder / name)
+        os.chmod(folder / name, 0o644)
         files[name] = {
             "bytes": (folder / name).stat().st_size,
             "sha256": cache.file_sha256(folder / name),
