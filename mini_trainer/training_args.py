@@ -102,8 +102,9 @@ class TrainingArgs:
     weight_decay: float = _arg(0.0, "AdamW decoupled weight decay.")
     grad_clip: float = _arg(1.0, "Clip the global gradient norm to this (0 disables).")
     osft_svd_cache: str | None = _arg(
-        None, "OSFT: folder written by `mini-trainer osft-svd` (checked, then used instead of "
-        "computing the SVD)."
+        None,
+        "OSFT: folder written by `mini-trainer osft-svd` (checked, then used instead of "
+        "computing the SVD).",
     )
     osft_freeze_non_targets: bool = _arg(
         False, "OSFT: also freeze what is not targeted (embeddings, norms, LM head, biases)."
@@ -191,8 +192,7 @@ class TrainingArgs:
             )
         if self.osft_freeze_non_targets and self.osft_unfreeze_rank_ratio == 0.0:
             yield (
-                "--osft-freeze-non-targets: with --osft-unfreeze-rank-ratio 0.0 nothing would "
-                "train"
+                "--osft-freeze-non-targets: with --osft-unfreeze-rank-ratio 0.0 nothing would train"
             )
         if self.osft_target_patterns is not None and not all(self.osft_target_patterns):
             yield "--osft-target-patterns: empty pattern"

@@ -69,9 +69,9 @@ class OSFTLinear(nn.Module):
             self.register_parameter(
                 name, nn.Parameter(tensor, requires_grad=name not in FROZEN_FACTORS)
             )
-        self.bias = nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if (
-            bias
-        ) else None
+        self.bias = (
+            nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if (bias) else None
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         factors = [getattr(self, name) for name in FACTOR_NAMES]

@@ -55,4 +55,3 @@ def remove_frozen_components(pairs: list[tuple[Tensor, Tensor]]) -> None:
         coefficients = [part.view(shape) for part, shape in zip(parts, shapes, strict=True)]
     for (low, high, _), coefficient in zip(work, coefficients, strict=True):
         low.sub_(high @ coefficient.to(low.dtype))
-

@@ -20,8 +20,10 @@ TRAINABLE_FACTORS = ("U_low", "S_low", "V_low")
 
 def svd_device() -> torch.device:
     """Where SVDs run: the current GPU when there is one (much faster), else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else (
-        torch.device("cpu")
+    return (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else (torch.device("cpu"))
     )
 
 
