@@ -107,6 +107,7 @@ def main() -> None:
         build_seconds = time.perf_counter() - started
         cache_bytes = sum(p.stat().st_size for p in (folder / "cache").iterdir())
 
+        print(f"cache built in {build_seconds:.1f} s", flush=True)
         times = {"svd": [], "cache": []}
         for _ in range(args.repeats):
             times["svd"].append(start_up(folder, config, state, args.ratio, None)[0])
@@ -114,6 +115,7 @@ def main() -> None:
                 folder, config, state, args.ratio, folder / "cache"
             )
             times["cache"].append(seconds)
+            print(f"start-up: svd {times['svd'][-1]:.1f} s, cache {seconds:.1f} s", flush=True)
 
         full = FullFineTuning()
         sides = {
@@ -128,6 +130,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, side in sides.items():
                 step_times[name].append(step(*side, ids))
+                print(f"step {name}: {step_times[name][-1]:.2f} s", flush=True)
         memory = {name: training_bytes(model, opt) for name, (_, model, opt) in sides.items()}
 
     svd_s, cache_s = statistics.median(times["svd"]), statistics.median(times["cache"])

@@ -3,9 +3,10 @@
 W = U_high S_high V_highᵀ + U_low S_low V_lowᵀ. The high factors are frozen parameters (FSDP2
 shards them like any other), the low ones train. The forward rebuilds W and runs one dense
 matmul, which costs one rows x cols x r product per call, independent of the number of tokens,
-instead of the factor path's two skinny matmuls per token. The backward rebuilds W again rather
-than keeping it from the forward, so no layer holds a dense weight between its forward and its
-backward: peak memory stays that of the factors.
+instead of the factor path's two skinny matmuls per token. The backward rebuilds W again (for the
+input's gradient) rather than keeping it from the forward, so no layer holds a dense weight
+between its forward and its backward: peak memory stays that of the factors. The low factors'
+gradients go through the factors (tokens x (r - k) products), never through a dense dL/dW.
 """
 
 from __future__ import annotations
@@ -35,14 +36,16 @@ class _FactorizedLinear(torch.autograd.Function):
     def backward(ctx, grad_out):
         x, *factors = ctx.saved_tensors
         _, _, _, u_low, s_low, v_low = factors
-        weight = _weight(*factors)
-        grad_x = grad_out @ weight if ctx.needs_input_grad[0] else None
+        grad_x = grad_out @ _weight(*factors) if ctx.needs_input_grad[0] else None
+        # The low factors' gradients through the factors, never forming the dense dL/dW:
+        # tokens x (r - k) products instead of a rows x cols one (and its rows x cols x r uses).
         flat_grad = grad_out.reshape(-1, grad_out.shape[-1])
-        grad_weight = flat_grad.mT @ x.reshape(-1, x.shape[-1])  # rows x cols, freed on return
-        along_v = grad_weight @ v_low
-        grad_u = along_v * s_low
-        grad_s = (along_v * u_low).sum(0)
-        grad_v = (grad_weight.mT @ u_low) * s_low
+        flat_x = x.reshape(-1, x.shape[-1])
+        x_v = flat_x @ v_low
+        grad_u_side = flat_grad @ u_low
+        grad_u = (flat_grad.mT @ x_v) * s_low
+        grad_v = (flat_x.mT @ grad_u_side) * s_low
+        grad_s = (x_v * grad_u_side).sum(0)
         grad_bias = flat_grad.sum(0) if ctx.needs_input_grad[7] else None
         return grad_x, None, None, None, grad_u, grad_s, grad_v, grad_bias
 

@@ -60,7 +60,7 @@ class OSFT:
         self.targets: dict[str, Target] = {}
         self.layers: dict[int, dict] = {}
         self.cache = None
-        self._pairs_cache: list[OSFTLinear] | None = None
+        self._osft_modules: list[OSFTLinear] | None = None
 
     # ------------------------------------------------------------------ model
 
@@ -228,9 +228,9 @@ class OSFT:
         return groups
 
     def _modules(self, model: nn.Module) -> list[OSFTLinear]:
-        if self._pairs_cache is None:
-            self._pairs_cache = [m for m in model.modules() if isinstance(m, OSFTLinear)]
-        return self._pairs_cache
+        if self._osft_modules is None:
+            self._osft_modules = [m for m in model.modules() if isinstance(m, OSFTLinear)]
+        return self._osft_modules
 
     def before_optimizer_step(self, model: nn.Module) -> None:
         from mini_trainer.osft.projection import remove_frozen_components
