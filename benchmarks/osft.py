@@ -8,7 +8,10 @@ load hits them alike, median of --repeats rounds:
   of OSFT at --ratio against full fine-tuning;
 - memory: bytes of parameters + gradients + AdamW state after a step, OSFT against full.
 
-    python benchmarks/osft.py [--tokens 2048] [--repeats 3] [--ratio 0.25]
+    OMP_NUM_THREADS=1 python benchmarks/osft.py [--tokens 1024] [--repeats 3] [--ratio 0.25]
+
+(one thread: on a shared 2-core machine, two OpenMP threads per process make LAPACK's SVD
+about 4x slower.)
 """
 
 from __future__ import annotations
@@ -89,9 +92,12 @@ def training_bytes(model, optimizer) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=2048, help="Tokens per training step.")
+    parser.add_argument("--tokens", type=int, default=1024, help="Tokens per training step.")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--ratio", type=float, default=0.25, help="OSFT unfreeze rank ratio.")
+    parser.add_argument(
+        "--startup-repeats", type=int, default=None, help="Start-up rounds (default: --repeats)."
+    )
     args = parser.parse_args()
     print(f"load average before: {os.getloadavg()}, torch threads {torch.get_num_threads()}")
 
@@ -109,7 +115,9 @@ def main() -> None:
 
         print(f"cache built in {build_seconds:.1f} s", flush=True)
         times = {"svd": [], "cache": []}
-        for _ in range(args.repeats):
+        for _ in range(
+            max(1, args.repeats if args.startup_repeats is None else args.startup_repeats)
+        ):
             times["svd"].append(start_up(folder, config, state, args.ratio, None)[0])
             seconds, method, osft_model = start_up(
                 folder, config, state, args.ratio, folder / "cache"

@@ -45,14 +45,19 @@ def weight_files(model_dir: Path) -> dict[str, Path]:
         return dict.fromkeys(handle.keys(), single)
 
 
-def read_weights(model_dir: Path, names: list[str]) -> dict[str, Tensor]:
-    """The named weights of `model_dir`, as stored (dtype included)."""
-    from safetensors import safe_open
-
+def _locate(model_dir: Path, names: list[str]) -> dict[str, Path]:
     files = weight_files(model_dir)
     missing = [name for name in names if name not in files]
     if missing:
         raise UserError(f"{model_dir}: weight {missing[0]} not found in the safetensors files")
+    return files
+
+
+def read_weights(model_dir: Path, names: list[str]) -> dict[str, Tensor]:
+    """The named weights of `model_dir`, as stored (dtype included)."""
+    from safetensors import safe_open
+
+    files = _locate(model_dir, names)
     out = {}
     for file in sorted({files[name] for name in names}):
         with safe_open(file, "pt") as handle:
@@ -80,10 +85,7 @@ def source_hash(model_dir: Path, weight_names: list[str]) -> str:
     """The content hash of the targeted weights of `model_dir` (read one file at a time)."""
     from safetensors import safe_open
 
-    files = weight_files(model_dir)
-    missing = [name for name in weight_names if name not in files]
-    if missing:
-        raise UserError(f"{model_dir}: weight {missing[0]} not found in the safetensors files")
+    files = _locate(model_dir, weight_names)
     digests = {}
     for file in sorted({files[name] for name in weight_names}):
         with safe_open(file, "pt") as handle:
