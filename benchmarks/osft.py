@@ -150,7 +150,8 @@ def main() -> None:
           f"({cache_bytes / model_bytes:.2f}x the model's safetensors)")  # fmt: skip
     print("| measure | OSFT | reference | ratio | goal |")
     print("| --- | --- | --- | --- | --- |")
-    print(f"| start-up (s, median of {len(times['svd'])}) | cache {cache_s:.2f} | SVD {svd_s:.2f} | "
+    rounds = len(times["svd"])
+    print(f"| start-up (s, median of {rounds}) | cache {cache_s:.2f} | SVD {svd_s:.2f} | "
           f"{svd_s / cache_s:.1f}x faster | >= 10x |")  # fmt: skip
     print(f"| step time, {args.tokens} tokens (s, median of {args.repeats}) | {osft_s:.2f} | "
           f"full {full_s:.2f} | {osft_s / full_s:.2f}x | <= 1.3x |")  # fmt: skip
