@@ -165,3 +165,24 @@ def test_osft_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path)
     assert 4 <= resumed_at < 16
     assert [r["step"] for r in read_metrics(killed)] == list(range(1, 17))
     assert_weights_close(final_weights(killed), final_weights(straight), rtol=1e-6)
+
+
+def test_osft_svd_split_over_two_ranks_equals_one_process(demo_dir, tmp_path, svd_cache):
+    out = tmp_path / "cache2"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "mini_trainer", "osft-svd", "--model", demo_dir / "model", "--out", out],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("factors-*")) == [
+        "factors-00000-00000.safetensors",
+        "factors-00001-00000.safetensors",
+    ]
+    one, two = cached_factors(svd_cache), cached_factors(out)
+    assert one.keys() == two.keys() and len(one) == 28 * 3
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=0, atol=0)
+    meta = [json.loads((cache / "meta.json").read_text()) for cache in (svd_cache, out)]
+    assert meta[0]["source_hash"] == meta[1]["source_hash"]
+    assert not list(tmp_path.glob(".cache2.tmp-*")), "the temporary folder was left behind"
