@@ -195,6 +195,47 @@ def tokenize(
     )
 
 
+@cli.command("osft-svd")
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Model folder (safetensors weights) whose targeted weights are factorized.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Cache folder to write: factors-*.safetensors and meta.json.",
+)
+@click.option(
+    "--target-patterns",
+    multiple=True,
+    help="Substring of the parameter names to factorize (repeat it, or separate by commas); "
+    "default: the q/k/v/o and gate/up/down projections. Must equal train's "
+    "--osft-target-patterns.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing cache folder.")
+def osft_svd(model: Path, out: Path, target_patterns: tuple[str, ...], force: bool) -> None:
+    """Compute the fp32 thin SVD of every OSFT target of MODEL once, for any unfreeze ratio.
+
+    `train --osft --osft-svd-cache OUT` then loads the factors instead of computing them; it
+    refuses a cache whose weights hash, patterns or shapes do not match, or whose files are
+    truncated or corrupt. Under torchrun the targets are split over the ranks; SVDs run on the
+    GPU when there is one. OUT appears complete or not at all.
+    """
+    import logging
+
+    from mini_trainer.osft.build import build_cache
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    patterns = [p for value in target_patterns for p in value.split(",") if p] or None
+    meta = build_cache(model, out, patterns, force)
+    if meta is not None:
+        size = sum(record["bytes"] for record in meta["files"].values())
+        click.echo(f"wrote {out}: {len(meta['targets'])} targets, {size / 1024**2:.1f} MiB")
+
+
 @cli.command(
     "train",
     add_help_option=False,

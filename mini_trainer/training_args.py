@@ -56,12 +56,22 @@ class TrainingArgs:
     lr_scheduler: str = _arg("constant_with_warmup", f"One of: {', '.join(SCHEDULERS)}.")
     seed: int = _arg(42, "Seeds the sample order, and every rank's RNGs.")
     use_liger_kernels: bool = _arg(False, "Liger fused linear cross-entropy (CUDA only).")
-    osft: bool = _arg(False, "Orthogonal Subspace Fine-Tuning (not available in this version).")
+    osft: bool = _arg(
+        False,
+        "Orthogonal Subspace Fine-Tuning: each targeted weight trains only outside its top "
+        "singular subspace (docs/osft.md).",
+    )
     osft_unfreeze_rank_ratio: float | None = _arg(
-        None, "OSFT: share of each targeted weight's rank that trains (0.0 to 1.0)."
+        None,
+        "OSFT: share of each targeted weight's rank that trains, 0.0 (none: the weight is "
+        "frozen) to 1.0 (all: plain training); required with --osft in uniform rank mode, "
+        "ignored in adaptive mode.",
     )
     osft_target_patterns: list[str] | None = _arg(
-        None, "OSFT: substrings of parameter names to factorize.", nargs="+"
+        None,
+        "OSFT: substrings of parameter names to factorize (default: the q/k/v/o and "
+        "gate/up/down projections, or the model family's names for them).",
+        nargs="+",
     )
     max_epochs: int = _arg(1, "Epochs to train (training mode epoch).")
     max_steps: int | None = _arg(
@@ -95,11 +105,25 @@ class TrainingArgs:
     eps: float = _arg(1e-8, "AdamW epsilon.")
     weight_decay: float = _arg(0.0, "AdamW decoupled weight decay.")
     grad_clip: float = _arg(1.0, "Clip the global gradient norm to this (0 disables).")
-    osft_svd_cache: str | None = _arg(None, "OSFT: folder of cached SVD factors.")
-    osft_freeze_non_targets: bool = _arg(False, "OSFT: freeze parameters that are not targeted.")
-    osft_rank_mode: str = _arg("uniform", f"OSFT: {' or '.join(OSFT_RANK_MODES)}.")
-    osft_min_frozen_ratio: float | None = _arg(None, "OSFT adaptive: least frozen share.")
-    osft_max_frozen_ratio: float | None = _arg(None, "OSFT adaptive: most frozen share.")
+    osft_svd_cache: str | None = _arg(
+        None,
+        "OSFT: folder written by `mini-trainer osft-svd` (checked, then used instead of "
+        "computing the SVD).",
+    )
+    osft_freeze_non_targets: bool = _arg(
+        False, "OSFT: also freeze what is not targeted (embeddings, norms, LM head, biases)."
+    )
+    osft_rank_mode: str = _arg(
+        "uniform",
+        f"OSFT: {' or '.join(OSFT_RANK_MODES)}; adaptive freezes more of the layers whose "
+        "output is most similar to their input.",
+    )
+    osft_min_frozen_ratio: float = _arg(
+        0.1, "OSFT adaptive: frozen share of the least similar layer (importance 0)."
+    )
+    osft_max_frozen_ratio: float = _arg(
+        0.8, "OSFT adaptive: frozen share of a layer whose output equals its input."
+    )
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -149,12 +173,6 @@ class TrainingArgs:
             value = getattr(self, name)
             if value is not None and not 0.0 <= value <= 1.0:
                 yield f"--{_flag(name)}: must be in [0, 1], got {value}"
-        if self.osft and self.osft_unfreeze_rank_ratio is None:
-            yield "--osft-unfreeze-rank-ratio: required with --osft"
-        if not self.osft:
-            for f in dataclasses.fields(self):
-                if f.name.startswith("osft_") and getattr(self, f.name) != f.default:
-                    yield f"--{_flag(f.name)}: needs --osft"
         if self.seed < 0:
             yield f"--seed: must be >= 0, got {self.seed}"
         if self.max_steps is not None and self.num_warmup_steps > self.max_steps:
@@ -162,6 +180,33 @@ class TrainingArgs:
                 f"--num-warmup-steps: {self.num_warmup_steps} is more than --max-steps "
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
+        yield from self._osft_problems()
+
+    def _osft_problems(self):
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        given = [n for n in defaults if n.startswith("osft_") and getattr(self, n) != defaults[n]]
+        if not self.osft:
+            for name in given:
+                yield f"--{_flag(name)}: needs --osft"
+            return
+        adaptive = self.osft_rank_mode == "adaptive"
+        if not adaptive and self.osft_unfreeze_rank_ratio is None:
+            yield "--osft-unfreeze-rank-ratio: required with --osft"
+        if not adaptive:
+            for name in ("osft_min_frozen_ratio", "osft_max_frozen_ratio"):
+                if name in given:
+                    yield f"--{_flag(name)}: needs --osft-rank-mode adaptive"
+        if self.osft_min_frozen_ratio > self.osft_max_frozen_ratio:
+            yield (
+                f"--osft-min-frozen-ratio: {self.osft_min_frozen_ratio} is above "
+                f"--osft-max-frozen-ratio {self.osft_max_frozen_ratio}"
+            )
+        if self.osft_freeze_non_targets and self.osft_unfreeze_rank_ratio == 0.0:
+            yield (
+                "--osft-freeze-non-targets: with --osft-unfreeze-rank-ratio 0.0 nothing would train"
+            )
+        if self.osft_target_patterns is not None and not all(self.osft_target_patterns):
+            yield "--osft-target-patterns: empty pattern"
 
     def warnings(self) -> list[str]:
         """Legal but probably unintended settings, printed at the start of a run."""

@@ -88,10 +88,10 @@ class FullFineTuning:
         return {"method": self.name}
 
 
-def make_method(args) -> FullFineTuning:
+def make_method(args):
     """The method the arguments ask for: OSFT with --osft, full fine-tuning otherwise."""
     if args.osft:
-        from mini_trainer.errors import UserError
+        from mini_trainer.osft.method import OSFT
 
-        raise UserError("--osft: OSFT is not available in this version of mini-trainer")
+        return OSFT(args)
     return FullFineTuning()

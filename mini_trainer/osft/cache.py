@@ -1,0 +1,202 @@
+"""The SVD cache written by `mini-trainer osft-svd` and read by `train --osft-svd-cache`.
+
+Layout of DIR:
+- `factors-<rank>-<part>.safetensors`: for every target module M, fp32 `M.U` (rows x r), `M.S`
+  (r) and `M.V` (cols x r): the full thin SVD, so one cache serves any unfreeze ratio.
+- `meta.json`: format, source model, the content hash of the targeted weights, the patterns and
+  targets with their shapes, every file's size and sha256, dtype, library versions.
+
+A cache is used only when it matches: same content hash of the targeted weights (names, dtypes,
+shapes and bytes; other weights may differ), same patterns, same shapes, and every file whole
+(size and sha256 as recorded). Anything else is refused with one line naming the file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mini_trainer.errors import UserError
+
+FORMAT = 1
+META = "meta.json"
+CHUNK = 16 * 1024**2
+
+
+# ---------------------------------------------------------------------------- source weights
+
+
+def weight_files(model_dir: Path) -> dict[str, Path]:
+    """Weight name -> the safetensors file of `model_dir` that holds it."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: model_dir / file for name, file in weight_map.items()}
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise UserError(f"{model_dir}: no model.safetensors (OSFT reads safetensors weights)")
+    from safetensors import safe_open
+
+    with safe_open(single, "pt") as handle:
+        return dict.fromkeys(handle.keys(), single)
+
+
+def _locate(model_dir: Path, names: list[str]) -> dict[str, Path]:
+    files = weight_files(model_dir)
+    missing = [name for name in names if name not in files]
+    if missing:
+        raise UserError(f"{model_dir}: weight {missing[0]} not found in the safetensors files")
+    return files
+
+
+def read_weights(model_dir: Path, names: list[str]) -> dict[str, Tensor]:
+    """The named weights of `model_dir`, as stored (dtype included)."""
+    from safetensors import safe_open
+
+    files = _locate(model_dir, names)
+    out = {}
+    for file in sorted({files[name] for name in names}):
+        with safe_open(file, "pt") as handle:
+            out.update({name: handle.get_tensor(name) for name in names if files[name] == file})
+    return {name: out[name] for name in names}
+
+
+def tensor_digest(name: str, tensor: Tensor) -> str:
+    """sha256 of a weight's name, dtype, shape and bytes."""
+    digest = hashlib.sha256(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+    flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+    digest.update(memoryview(flat))
+    return digest.hexdigest()
+
+
+def combined_hash(digests: dict[str, str]) -> str:
+    """One hash of the targeted weights, from their per-weight digests (any order given)."""
+    total = hashlib.sha256()
+    for name in sorted(digests):
+        total.update(f"{name}={digests[name]}\n".encode())
+    return total.hexdigest()
+
+
+def source_hash(model_dir: Path, weight_names: list[str]) -> str:
+    """The content hash of the targeted weights of `model_dir` (read one file at a time)."""
+    from safetensors import safe_open
+
+    files = _locate(model_dir, weight_names)
+    digests = {}
+    for file in sorted({files[name] for name in weight_names}):
+        with safe_open(file, "pt") as handle:
+            for name in weight_names:
+                if files[name] == file:
+                    digests[name] = tensor_digest(name, handle.get_tensor(name))
+    return combined_hash(digests)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def versions() -> dict[str, str]:
+    import safetensors
+    import transformers
+
+    from mini_trainer import __version__
+
+    return {
+        "mini_trainer": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "safetensors": safetensors.__version__,
+    }
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+class SVDCache:
+    """A checked cache folder: factors of one target at a time, for any frozen rank."""
+
+    def __init__(self, folder: Path, meta: dict):
+        self.folder = folder
+        self.meta = meta
+
+    @classmethod
+    def open(
+        cls, folder: Path, model_dir: Path, patterns: list[str] | None, shapes: dict[str, tuple]
+    ) -> SVDCache:
+        """Check `folder` against the model and targets of this run; refuse any mismatch.
+
+        `shapes` maps each target module name to its weight's (rows, cols).
+        """
+        meta_path = folder / META
+        meta = _read_meta(meta_path)
+        if meta.get("patterns") != patterns:
+            raise UserError(
+                f"{meta_path}: patterns: the cache was built for {_patterns(meta.get('patterns'))}"
+                f", this run targets {_patterns(patterns)} (rebuild it with osft-svd)"
+            )
+        targets = meta.get("targets", {})
+        for name, shape in shapes.items():
+            if name not in targets:
+                raise UserError(f"{meta_path}: targets: no factors for {name} (rebuild the cache)")
+            if tuple(targets[name]["shape"]) != tuple(shape):
+                raise UserError(
+                    f"{meta_path}: shape: {name} is {targets[name]['shape']} in the cache, "
+                    f"{list(shape)} in {model_dir}"
+                )
+        extra = sorted(set(targets) - set(shapes))
+        if extra:
+            raise UserError(f"{meta_path}: targets: {extra[0]} is not a target of this model")
+        expected = source_hash(model_dir, [f"{name}.weight" for name in shapes])
+        if meta.get("source_hash") != expected:
+            raise UserError(
+                f"{meta_path}: source_hash: the cache was built from other weights than "
+                f"{model_dir}'s (rebuild it with osft-svd)"
+            )
+        for file, record in meta.get("files", {}).items():
+            _check_file(folder / file, record)
+        return cls(folder, meta)
+
+    def factors(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
+        """(U, S, V) of target module `name`, fp32."""
+        from safetensors import safe_open
+
+        path = self.folder / self.meta["targets"][name]["file"]
+        try:
+            with safe_open(path, "pt") as handle:
+                return tuple(handle.get_tensor(f"{name}.{part}") for part in "USV")
+        except Exception as error:  # safetensors raises its own types for bad files
+            raise UserError(f"{path}: unreadable ({error})") from None
+
+
+def _patterns(patterns: list[str] | None) -> str:
+    return "the default targets" if patterns is None else f"patterns {patterns}"
+
+
+def _read_meta(path: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file (not an osft-svd cache folder)") from None
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: unreadable ({error})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise UserError(f"{path}: format: not an osft-svd cache of format {FORMAT}")
+    return meta
+
+
+def _check_file(path: Path, record: dict) -> None:
+    if not path.is_file():
+        raise UserError(f"{path}: missing from the cache")
+    size = path.stat().st_size
+    if size != record["bytes"]:
+        raise UserError(f"{path}: truncated or altered ({size} bytes, {record['bytes']} expected)")
+    if file_sha256(path) != record["sha256"]:
+        raise UserError(f"{path}: corrupt (sha256 differs from meta.json)")

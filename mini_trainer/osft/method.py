@@ -1,0 +1,277 @@
+"""OSFT as a training method: the hooks of `training/method.py`, filled in.
+
+- adapt_model: pick the targets, decide each one's frozen rank k (uniform: floor((1 - u) r);
+  adaptive: per layer, see `adaptive.py`), check the SVD cache, and swap each target whose
+  0 < k < r for an `OSFTLinear`. k = r (u = 0) keeps the dense weight, frozen; k = 0 (u = 1) keeps
+  it dense and trainable: there is no subspace to protect.
+- convert_weights: a target's dense weight becomes its six factors (from the cache, or an SVD).
+- before/after_optimizer_step: project the low factors' gradients, then the low factors
+  themselves, off the frozen ones (`projection.py`): the frozen subspace is held exactly.
+- export_weights: a target's six factors become its dense weight again.
+convert_weights and export_weights take any subset of a state dict: every target is converted
+from its own weight alone, and exported from its own factors alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from mini_trainer.errors import UserError
+from mini_trainer.osft import svd
+from mini_trainer.osft.linear import OSFTLinear
+from mini_trainer.osft.targets import candidate_linears, layer_index, select_targets
+from mini_trainer.training.method import is_no_decay, norm_parameter_names
+
+log = logging.getLogger("mini_trainer")
+WRAPPER_PREFIX = "model."
+"""The training model (`CausalLMWithLoss`) holds the Hugging Face model as `.model`."""
+RANKS_FILE = "osft_ranks.json"
+NOT_DECAYED = (".U_low", ".V_low")
+"""Direction factors are not decayed; S_low is, so W_low decays as a dense weight would."""
+
+
+@dataclass
+class Target:
+    """One factorized weight: its shape, rank r and frozen rank k."""
+
+    rows: int
+    cols: int
+    rank: int
+    frozen: int
+
+    @property
+    def factorized(self) -> bool:
+        return 0 < self.frozen < self.rank
+
+
+class OSFT:
+    """Orthogonal Subspace Fine-Tuning (arXiv:2504.07097) behind the method hooks."""
+
+    name = "osft"
+
+    def __init__(self, args):
+        self.args = args
+        self.targets: dict[str, Target] = {}
+        self.layers: dict[int, dict] = {}
+        self.cache = None
+        self._osft_modules: list[OSFTLinear] | None = None
+
+    # ------------------------------------------------------------------ model
+
+    def adapt_model(self, model: nn.Module) -> None:
+        linears = candidate_linears(model)
+        names = select_targets(list(linears), self.args.osft_target_patterns)
+        shapes = {n: (linears[n].out_features, linears[n].in_features) for n in names}
+        # Rank 0 measures (adaptive) and checks the cache; every rank gets the same answer.
+        outcome, cache = None, None
+        if _rank() == 0:
+            try:
+                outcome = ("ok", self._layer_fractions(model, names))
+                cache = self._open_cache(shapes)
+            except UserError as error:
+                outcome = ("error", error.lines)
+        status, payload = _broadcast(outcome)
+        if status == "error":
+            raise UserError(*payload)
+        self.layers, self.cache = payload, cache
+        for name in names:
+            rows, cols = shapes[name]
+            fraction = self.layers[layer_index(name)]["frozen_fraction"]
+            rank = min(rows, cols)
+            self.targets[name] = Target(rows, cols, rank, svd.frozen_rank(rank, fraction))
+        for name, target in self.targets.items():
+            linear = linears[name]
+            if target.factorized:
+                replacement = OSFTLinear(
+                    target.cols, target.rows, target.frozen, linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype,
+                )  # fmt: skip
+                parent_name, _, child = name.rpartition(".")
+                setattr(model.get_submodule(parent_name), child, replacement)
+            elif target.frozen == target.rank:
+                linear.weight.requires_grad_(False)
+        if self.args.osft_freeze_non_targets:
+            self._freeze_non_targets(model)
+        if _rank() == 0:
+            self._record()
+
+    def _layer_fractions(self, model: nn.Module, names: list[str]) -> dict[int, dict]:
+        """Frozen fraction per decoder layer (and its importance in adaptive mode)."""
+        indices = sorted({layer_index(n) for n in names})
+        args = self.args
+        if args.osft_rank_mode == "uniform":
+            return {i: {"frozen_fraction": 1.0 - args.osft_unfreeze_rank_ratio} for i in indices}
+        saved = Path(args.output_dir) / RANKS_FILE
+        if args.resume and saved.is_file():  # the ranks the run started with, not new ones
+            layers = json.loads(saved.read_text())["layers"]
+            log.info("osft: adaptive ranks from %s", saved)
+            return {int(i): layer for i, layer in layers.items()}
+        from mini_trainer.osft.adaptive import frozen_fraction, measure
+
+        importance = measure(args.model_name_or_path, args.data_path, args.seed)
+        return {
+            i: {
+                "importance": importance[i],
+                "frozen_fraction": frozen_fraction(
+                    importance[i], args.osft_min_frozen_ratio, args.osft_max_frozen_ratio
+                ),
+            }
+            for i in indices
+        }
+
+    def _open_cache(self, shapes: dict[str, tuple[int, int]]):
+        if not self.args.osft_svd_cache:
+            return None
+        from mini_trainer.osft.cache import SVDCache
+
+        return SVDCache.open(
+            Path(self.args.osft_svd_cache),
+            Path(self.args.model_name_or_path),
+            self.args.osft_target_patterns,
+            shapes,
+        )
+
+    def _freeze_non_targets(self, model: nn.Module) -> None:
+        trained = {f"{n}.{p}" for n in self.targets for p in svd.TRAINABLE_FACTORS}
+        trained |= {f"{n}.weight" for n, t in self.targets.items() if t.frozen == 0}
+        for name, param in model.named_parameters():
+            if name not in trained:
+                param.requires_grad_(False)
+
+    def _record(self) -> None:
+        """Log the chosen ranks and write them to OUT/osft_ranks.json."""
+        from mini_trainer.io_utils import atomic_write_text
+
+        for index, layer in sorted(self.layers.items()):
+            frozen = [t.frozen for n, t in self.targets.items() if layer_index(n) == index]
+            ranks = [t.rank for n, t in self.targets.items() if layer_index(n) == index]
+            importance = layer.get("importance")
+            log.info(
+                "osft: layer %d%s: frozen fraction %.3f, frozen ranks %s of %s", index,
+                "" if importance is None else f" (importance {importance:.3f})",
+                layer["frozen_fraction"], frozen, ranks,
+            )  # fmt: skip
+        log.info(
+            "osft: %d targets, %s", len(self.targets),
+            "SVD from cache " + self.args.osft_svd_cache if self.cache else "SVD computed here",
+        )  # fmt: skip
+        out = Path(self.args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / RANKS_FILE, json.dumps(self.describe(), indent=2) + "\n")
+
+    # ------------------------------------------------------------------ weights
+
+    def _target_of(self, key: str, suffixes: tuple[str, ...]) -> tuple[str, str, str] | None:
+        """(key prefix, target module, suffix) when `key` is `[model.]<target>.<suffix>`."""
+        base, _, suffix = key.rpartition(".")
+        if suffix not in suffixes:
+            return None
+        for prefix in ("", WRAPPER_PREFIX):
+            if base.startswith(prefix) and base[len(prefix) :] in self.targets:
+                return prefix, base[len(prefix) :], suffix
+        return None
+
+    def convert_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        out = {}
+        for key, value in state.items():
+            found = self._target_of(key, ("weight",))
+            if found is None or not self.targets[found[1]].factorized:
+                out[key] = value
+                continue
+            prefix, name, _ = found
+            target = self.targets[name]
+            if tuple(value.shape) != (target.rows, target.cols):
+                raise UserError(f"{key}: shape {list(value.shape)}, expected the model's")
+            u, s, v = self.cache.factors(name) if self.cache else svd.thin_svd(value)
+            for part, tensor in svd.split(u, s, v, target.frozen).items():
+                out[f"{prefix}{name}.{part}"] = tensor
+        return out
+
+    def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
+        out, pending = {}, {}
+        for key, value in state.items():
+            found = self._target_of(key, svd.FACTOR_NAMES)
+            if found is None:
+                out[key] = value
+                continue
+            prefix, name, part = found
+            pending.setdefault((prefix, name), {})[part] = value
+        for (prefix, name), factors in pending.items():
+            missing = [part for part in svd.FACTOR_NAMES if part not in factors]
+            if missing:
+                raise ValueError(f"export_weights: {name} without its {', '.join(missing)}")
+            out[f"{prefix}{name}.weight"] = svd.dense(factors)
+        return out
+
+    # ------------------------------------------------------------------ optimizer
+
+    def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]:
+        norms = norm_parameter_names(model)
+        decay, no_decay = [], []
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                kept = is_no_decay(name, param, norms) or name.endswith(NOT_DECAYED)
+                (no_decay if kept else decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": weight_decay, "name": "decay"},
+            {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
+        ]
+        groups = [group for group in groups if group["params"]]
+        if not groups:
+            raise UserError("--osft: nothing trains (all targets frozen and non-targets frozen)")
+        return groups
+
+    def _modules(self, model: nn.Module) -> list[OSFTLinear]:
+        if self._osft_modules is None:
+            self._osft_modules = [m for m in model.modules() if isinstance(m, OSFTLinear)]
+        return self._osft_modules
+
+    def before_optimizer_step(self, model: nn.Module) -> None:
+        from mini_trainer.osft.projection import remove_frozen_components
+
+        pairs = []
+        for module in self._modules(model):
+            for low, high in ((module.U_low, module.U_high), (module.V_low, module.V_high)):
+                if low.grad is not None:
+                    pairs.append((low.grad, high))
+        remove_frozen_components(pairs)
+
+    def after_optimizer_step(self, model: nn.Module) -> None:
+        from mini_trainer.osft.projection import remove_frozen_components
+
+        pairs = []
+        for module in self._modules(model):
+            pairs += [(module.U_low, module.U_high), (module.V_low, module.V_high)]
+        remove_frozen_components(pairs)
+
+    def describe(self) -> dict:
+        args = self.args
+        return {
+            "method": self.name,
+            "rank_mode": args.osft_rank_mode,
+            "unfreeze_rank_ratio": args.osft_unfreeze_rank_ratio,
+            "min_frozen_ratio": args.osft_min_frozen_ratio,
+            "max_frozen_ratio": args.osft_max_frozen_ratio,
+            "svd_cache": args.osft_svd_cache,
+            "layers": {str(i): layer for i, layer in sorted(self.layers.items())},
+            "targets": {name: asdict(target) for name, target in self.targets.items()},
+        }
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _broadcast(obj):
+    """Rank 0's `obj` everywhere (pickled), or `obj` itself without a process group."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,57 @@
+"""Keeping the trainable factors orthogonal to the frozen ones, also when FSDP2 shards them.
+
+For every target, U_low must stay orthogonal to U_high and V_low to V_high: then
+U_highᵀ ΔW = 0 and ΔW V_high = 0 for any change of the low factors, i.e. the update never
+enters the frozen subspace. Gradients are projected before the optimizer step (so AdamW's
+moments hold no frozen-subspace component) and, because AdamW's per-element scaling and weight
+decay move the factors off the projected direction anyway, the parameters are projected again
+after the step. That second projection is what makes the invariant exact.
+
+Under FSDP2 every factor is a DTensor sharded by rows (dim 0). `highᵀ low` is a sum over rows,
+so each rank multiplies its local rows and one all-reduce (for all targets at once) completes
+the sums; `low -= high @ (highᵀ low)` is then local to each rank's rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def _local(tensor: Tensor) -> tuple[Tensor, object]:
+    """(the rows this rank holds, the process group to sum over or None)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    if isinstance(tensor, DTensor):
+        sharded = any(isinstance(p, Shard) for p in tensor.placements)
+        group = tensor.device_mesh.get_group() if sharded else None
+        return tensor.to_local(), group
+    return tensor, None
+
+
+@torch.no_grad()
+def remove_frozen_components(pairs: list[tuple[Tensor, Tensor]]) -> None:
+    """For each (low, high): low <- low - high (highᵀ low), in place, with one all-reduce.
+
+    `low` and `high` are row-sharded alike (same row count, so FSDP2 splits them the same way).
+    """
+    work = []
+    for low, high in pairs:
+        low_local, group = _local(low)
+        high_local, _ = _local(high)
+        if high_local.shape[1] == 0 or low_local.shape[1] == 0:
+            continue
+        work.append((low_local, high_local, group))
+    if not work:
+        return
+    coefficients = [high.mT @ low for low, high, _ in work]
+    group = next((g for _, _, g in work if g is not None), None)
+    if group is not None and dist.get_world_size(group) > 1:
+        shapes = [c.shape for c in coefficients]
+        flat = torch.cat([c.reshape(-1) for c in coefficients])
+        dist.all_reduce(flat, group=group)
+        parts = flat.split([c.numel() for c in coefficients])
+        coefficients = [part.view(shape) for part, shape in zip(parts, shapes, strict=True)]
+    for (low, high, _), coefficient in zip(work, coefficients, strict=True):
+        low.sub_(high @ coefficient.to(low.dtype))

@@ -1,0 +1,188 @@
+"""OSFT end to end: real torchrun, gloo, FSDP2 on CPU, the demo model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+from conftest import REPO_ROOT, run_cli, run_torchrun, subprocess_env, torchrun_command
+from safetensors.torch import load_file
+from test_train import assert_weights_close, base_flags, final_weights, read_metrics
+
+pytestmark = pytest.mark.slow
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def osft_flags(demo_dir, out, **overrides):
+    flags = {"osft": True, "osft-unfreeze-rank-ratio": 0.25, "batch-size": 8,
+             "max-tokens-per-gpu": 256, "training-mode": "step", "max-steps": 3,
+             "save-final-checkpoint": True}  # fmt: skip
+    return base_flags(demo_dir, out, task="sort", **{**flags, **overrides})
+
+
+def targets_of(weights):
+    return [k for k in weights if k.endswith(".weight") and any(p in k for p in PROJECTIONS)]
+
+
+@pytest.fixture(scope="module")
+def svd_cache(demo_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("osft") / "cache"
+    result = run_cli("osft-svd", "--model", demo_dir / "model", "--out", out, check=True)
+    assert "28 targets" in result.stdout
+    return out
+
+
+def cached_factors(cache):
+    factors = {}
+    for path in cache.glob("factors-*.safetensors"):
+        factors.update(load_file(path))
+    return factors
+
+
+def test_frozen_subspace_held_after_50_steps_on_1_and_2_ranks(demo_dir, tmp_path, svd_cache):
+    flags = {"max-steps": 50, "weight-decay": 0.1, "osft-svd-cache": svd_cache,
+             "save-every-steps": 50}  # fmt: skip
+    runs = {}
+    for nproc in (1, 2):
+        out = tmp_path / f"ranks{nproc}"
+        run_torchrun(*osft_flags(demo_dir, out, **flags), nproc=nproc)
+        runs[nproc] = final_weights(out)
+    factors = cached_factors(svd_cache)
+    base = load_file(demo_dir / "model" / "model.safetensors")
+    for name in targets_of(base):
+        module = name.removesuffix(".weight")
+        u, s, v = (factors[f"{module}.{part}"].double() for part in "USV")
+        k = int(0.75 * len(s))
+        before = (u * s) @ v.T  # the weight the factors start from
+        for nproc, weights in runs.items():
+            delta = weights[name].double() - before
+            assert delta.norm() > 1e-3 * before.norm(), f"{name} did not train ({nproc} ranks)"
+            assert (u[:, :k].T @ delta).norm() < 1e-5 * delta.norm(), (name, nproc)
+            assert (delta @ v[:, :k]).norm() < 1e-5 * delta.norm(), (name, nproc)
+    assert_weights_close(runs[2], runs[1], rtol=1e-4)
+
+    # final/ holds the dense weights of the factorized training model: same logits.
+    import torch.distributed.checkpoint as dcp
+    from transformers import AutoModelForCausalLM
+
+    from mini_trainer.osft.method import OSFT
+    from mini_trainer.training_args import TrainingArgs
+
+    args = TrainingArgs(model_name_or_path=str(demo_dir / "model"), data_path="d",
+                        output_dir=str(tmp_path / "probe"), osft=True,
+                        osft_unfreeze_rank_ratio=0.25)  # fmt: skip
+    factorized = AutoModelForCausalLM.from_pretrained(demo_dir / "model")
+    OSFT(args).adapt_model(factorized)
+    state = {"model": {f"model.{k}": v for k, v in factorized.state_dict().items()}}
+    dcp.load(state, checkpoint_id=str(tmp_path / "ranks2" / "state" / "step_50"))
+    factorized.load_state_dict({k.removeprefix("model."): v for k, v in state["model"].items()})
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "ranks2" / "final")
+    ids = torch.tensor([list(range(3, 40))])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            exported(ids).logits, factorized(ids, use_cache=False).logits, rtol=1e-5, atol=1e-5
+        )
+
+
+@pytest.mark.parametrize("mode", ["frozen", "full", "adaptive"])
+def test_ratio_zero_ratio_one_and_adaptive_through_torchrun(demo_dir, tmp_path, mode):
+    flags = {
+        "frozen": {"osft-unfreeze-rank-ratio": 0.0},
+        "full": {"osft-unfreeze-rank-ratio": 1.0},
+        "adaptive": {"osft-unfreeze-rank-ratio": None, "osft-rank-mode": "adaptive"},
+    }[mode]
+    out = tmp_path / mode
+    result = run_torchrun(*osft_flags(demo_dir, out, **flags), nproc=1)
+    base = load_file(demo_dir / "model" / "model.safetensors")
+    final = final_weights(out)
+    ranks = json.loads((out / "osft_ranks.json").read_text())
+    assert len(ranks["targets"]) == 28
+    moved = {name: not torch.equal(final[name], base[name]) for name in targets_of(base)}
+    if mode == "frozen":
+        assert not any(moved.values()), "a target trained at ratio 0.0"
+        assert not torch.equal(final["model.norm.weight"], base["model.norm.weight"])
+        assert {t["frozen"] == t["rank"] for t in ranks["targets"].values()} == {True}
+    elif mode == "full":
+        assert all(moved.values()), [n for n, m in moved.items() if not m]
+        assert {t["frozen"] for t in ranks["targets"].values()} == {0}
+    else:
+        assert all(moved.values())
+        fractions = [layer["frozen_fraction"] for layer in ranks["layers"].values()]
+        assert all(0.1 <= f <= 0.8 for f in fractions) and len(fractions) == 4
+        assert "importance" in result.stderr
+
+
+def test_train_refuses_a_cache_of_other_patterns(demo_dir, tmp_path):
+    cache = tmp_path / "cache"
+    run_cli("osft-svd", "--model", demo_dir / "model", "--out", cache,
+            "--target-patterns", "q_proj,v_proj", check=True)  # fmt: skip
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "mini_trainer.train",
+         *osft_flags(demo_dir, out, **{"osft-svd-cache": cache})],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: {cache}/meta.json: patterns: the cache was built for patterns "
+        "['q_proj', 'v_proj'], this run targets the default targets (rebuild it with osft-svd)"
+    ]
+    assert not (out / "metrics.jsonl").exists()
+
+
+def test_osft_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
+    flags = {"max-steps": 16, "batch-size": 16, "weight-decay": 0.1}
+    straight = tmp_path / "straight"
+    run_torchrun(*osft_flags(demo_dir, straight, **flags))
+
+    killed = tmp_path / "killed"
+    argv = torchrun_command(*osft_flags(demo_dir, killed, **flags, **{"save-every-steps": 4}))
+    process = subprocess.Popen(
+        argv, env=subprocess_env(), cwd=REPO_ROOT, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (killed / "state" / "step_4").exists():
+        assert process.poll() is None, "the run ended before saving step 4"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    processes = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
+    for proc in processes:
+        proc.kill()
+    psutil.wait_procs(processes, timeout=60)
+    process.wait()
+    assert not (killed / "final").exists(), "the run finished before it was killed"
+
+    resumed = {"save-every-steps": 4, "resume": True}
+    result = run_torchrun(*osft_flags(demo_dir, killed, **flags, **resumed))
+    resumed_at = int(result.stderr.split("resumed from ")[1].split("(step ")[1].split(")")[0])
+    assert 4 <= resumed_at < 16
+    assert [r["step"] for r in read_metrics(killed)] == list(range(1, 17))
+    assert_weights_close(final_weights(killed), final_weights(straight), rtol=1e-6)
+
+
+def test_osft_svd_split_over_two_ranks_equals_one_process(demo_dir, tmp_path, svd_cache):
+    out = tmp_path / "cache2"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "mini_trainer", "osft-svd", "--model", demo_dir / "model", "--out", out],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("factors-*")) == [
+        "factors-00000-00000.safetensors",
+        "factors-00001-00000.safetensors",
+    ]
+    one, two = cached_factors(svd_cache), cached_factors(out)
+    assert one.keys() == two.keys() and len(one) == 28 * 3
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=0, atol=0)
+    meta = [json.loads((cache / "meta.json").read_text()) for cache in (svd_cache, out)]
+    assert meta[0]["source_hash"] == meta[1]["source_hash"]
+    assert not list(tmp_path.glob(".cache2.tmp-*")), "the temporary folder was left behind"
