@@ -51,7 +51,6 @@ class StepResult:
 
 def train(args: TrainingArgs, runtime: Runtime) -> int:
     """Run the job to its end (0) or to a requested stop (EXIT_PREEMPTED, state saved)."""
-    from mini_trainer.batching.collator import plan_step
     from mini_trainer.batching.sampler import BatchSampler
     from mini_trainer.training import checkpoint
     from mini_trainer.training.data_setup import load_dataset
@@ -61,6 +60,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.model_setup import build_model
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler, planned_steps
     from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
+    from mini_trainer.training.prefetch import StepPrefetcher
 
     out = Path(args.output_dir)
     stop_request = StopRequest()
@@ -127,21 +127,19 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             method.export_weights,
         )
 
-    # -- steps
+    # -- steps (the next steps' micro-batches are prepared in a background thread)
     model.train()
+    prefetcher = StepPrefetcher(
+        sampler, dataset, rank=runtime.rank, world_size=runtime.world_size,
+        max_tokens_per_rank=args.max_tokens_per_gpu, pad_id=pad_id, pin_memory=runtime.is_cuda,
+    )  # fmt: skip
     try:
         while not finished(args, progress, sampler.epoch):
             started = time.perf_counter()
             batch = sampler.next_batch()
-            plan = plan_step(
-                batch.indices,
-                dataset.lengths,
-                dataset.loss_tokens,
-                runtime.world_size,
-                args.max_tokens_per_gpu,
-            )
+            plan, micro_batches = prefetcher.prepare(batch)
             result = train_step(
-                model, optimizer, scheduler, method, dataset, plan, pad_id, args, runtime,
+                model, optimizer, scheduler, method, plan, micro_batches, args, runtime,
                 stop_request,
             )  # fmt: skip
             step_time = time.perf_counter() - started
@@ -185,6 +183,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 )
                 return EXIT_PREEMPTED
     finally:
+        prefetcher.close()
         if logger is not None:
             logger.close()
 
@@ -196,20 +195,26 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
 
 
 def train_step(
-    model, optimizer, scheduler, method, dataset, plan, pad_id, args, runtime, stop_request
+    model, optimizer, scheduler, method, plan, micro_batches, args, runtime, stop_request
 ) -> StepResult:
-    """One optimizer step over `plan`'s micro-batches: forward/backward each, then update."""
-    from mini_trainer.batching.collator import collate_packed
+    """One optimizer step over this rank's micro-batches of `plan`: forward/backward each, then
+    update. No host sync until the step's end: boundaries and loss rows come from the host."""
+    from mini_trainer.training.attention import attention_kwargs
     from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
     from mini_trainer.training.metrics import peak_memory_gb
 
+    attention = model.model.config._attn_implementation
     # FSDP averages gradients over ranks; scaling by world size makes that a sum.
     scale = runtime.world_size / plan.batch_num_loss_tokens
     loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
-    for ranks in plan.micro_batches:
-        samples = [dataset[i] for i in ranks[runtime.rank]]
-        micro = collate_packed(samples, plan.batch_num_loss_tokens, pad_id).to(runtime.device)
-        loss = model(micro.input_ids, micro.position_ids, micro.target_ids)
+    for index, host_micro in enumerate(micro_batches):
+        micro = host_micro.to(runtime.device, non_blocking=runtime.is_cuda)
+        if args.defer_grad_sync:  # reduce-scatter only after the step's last micro-batch
+            model.set_requires_gradient_sync(index == len(micro_batches) - 1)
+        loss = model(
+            micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
+            **attention_kwargs(attention, micro),
+        )  # fmt: skip
         (loss * scale).backward()
         loss_sum += loss.detach().double()
 

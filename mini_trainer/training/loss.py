@@ -27,7 +27,8 @@ DEFAULT_CHUNK_SIZE = 1024
 """Loss tokens per chunk. A chunk holds one chunk_size x V fp32 buffer (131 MB at V=32,000);
 chosen with benchmarks/loss_memory.py (docs/benchmarks.md)."""
 
-LossFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+LossFn = Callable[..., Tensor]
+"""fn(hidden (N, H), weight (V, H), targets (N,), rows=None) -> summed loss."""
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -47,14 +48,17 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         ignore_index: int,
         chunk_size: int,
         grad_enabled: bool,
+        rows: Tensor | None,
     ) -> Tensor:
         # needs_input_grad ignores no_grad(), so the caller passes whether grad mode was on:
         # evaluation under no_grad must not pay for the gradients.
         need_hidden_grad = grad_enabled and ctx.needs_input_grad[0]
         need_weight_grad = grad_enabled and ctx.needs_input_grad[1]
         # Only rows with a loss token cost anything: padding-free batches still carry prompt
-        # tokens (label -100), often most of the sequence.
-        rows = (targets != ignore_index).nonzero().squeeze(1)
+        # tokens (label -100), often most of the sequence. The caller may know the rows already
+        # (the collator builds them on the host): `nonzero` here would wait for the device.
+        if rows is None:
+            rows = (targets != ignore_index).nonzero().squeeze(1)
         # Softmax in fp32 at least (bf16/fp16 upcast; fp64 stays fp64, for exact tests).
         acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
         loss = torch.zeros((), dtype=acc_dtype, device=hidden.device)
@@ -114,7 +118,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for grad in (grad_hidden, grad_weight):
             if grad is not None:
                 grad.mul_(grad_output.to(grad.dtype))
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -123,6 +127,7 @@ def chunked_linear_cross_entropy(
     targets: Tensor,
     ignore_index: int = IGNORE_INDEX,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    rows: Tensor | None = None,
 ) -> Tensor:
     """Sum over targets != ignore_index of cross_entropy(hidden @ weight.T, targets), a scalar.
 
@@ -136,6 +141,9 @@ def chunked_linear_cross_entropy(
 
     `weight` must be a plain tensor (under FSDP2: the unsharded lm_head weight). The gradients
     are handed over in backward, so backward runs once per call (no retain_graph).
+
+    `rows`, when given, must be the indices where targets != ignore_index, in increasing order
+    (the collator's `loss_rows`): the result is then identical, without a device sync.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -151,7 +159,7 @@ def chunked_linear_cross_entropy(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return _ChunkedLinearCrossEntropy.apply(
-        hidden, weight, targets.long(), ignore_index, chunk_size, torch.is_grad_enabled()
+        hidden, weight, targets.long(), ignore_index, chunk_size, torch.is_grad_enabled(), rows
     )
 
 
@@ -164,7 +172,9 @@ def linear_cross_entropy_reference(
 
 
 def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
-    """The loss for a run: `fn(hidden (N, H), weight (V, H), targets (N,)) -> summed loss`.
+    """The loss for a run: `fn(hidden (N, H), weight (V, H), targets (N,), rows=None) -> sum`.
+
+    `rows` (optional) are the indices of the loss tokens, known on the host by the collator.
 
     `use_liger` (`--use-liger-kernels`) needs CUDA and the liger-kernel package; anything else is
     a UserError so the run stops before loading the model rather than silently running slower.
@@ -184,7 +194,9 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
         ) from exc
     liger_loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
 
-    def liger_fn(hidden: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    def liger_fn(hidden: Tensor, weight: Tensor, targets: Tensor, rows=None) -> Tensor:
+        if rows is not None:  # only loss tokens cost anything; same sum
+            hidden, targets = hidden.index_select(0, rows), targets.index_select(0, rows)
         out = liger_loss(weight, hidden, targets)  # Liger's order: (lin_weight, _input, target)
         if isinstance(out, Tensor):
             return out
