@@ -47,30 +47,36 @@ def module_groups(model: nn.Module) -> list[list[str]]:
 def gather_to_rank0(tensor: torch.Tensor, device: torch.device) -> torch.Tensor | None:
     """The whole tensor on rank 0 of the mesh, None elsewhere (collective for a DTensor).
 
-    FSDP2's dim-0 shards (torch.chunk sizes, the last ones maybe short) are padded to one
-    chunk and gathered straight into one buffer on rank 0: no rank but rank 0 ever holds the
-    full tensor, and rank 0 holds it once. Other layouts fall back to `full_tensor()`.
+    FSDP2's dim-0 shards (torch.chunk rows: the last ranks' maybe short or empty) are sent to
+    rank 0, which receives each straight into its rows of one buffer: no other rank ever holds
+    the full tensor, and rank 0 holds it once (a `gather` would stage a second copy on gloo).
+    Other layouts fall back to `full_tensor()`.
     """
     if not isinstance(tensor, DTensor):
         return tensor.detach()
     mesh, local = tensor.device_mesh, tensor.to_local().detach().to(device)
-    if mesh.ndim != 1 or tuple(tensor.placements) != (Shard(0),) or tensor.dim() == 0:
+    world, rank = mesh.size(), mesh.get_local_rank()
+    rows = tensor.shape[0] if tensor.dim() else 0
+    chunk = -(-rows // world) if rows else 0
+    spans = [(min(r * chunk, rows), min((r + 1) * chunk, rows)) for r in range(world)]
+    simple = mesh.ndim == 1 and tuple(tensor.placements) == (Shard(0),) and tensor.dim() > 0
+    if not simple or local.shape[0] != spans[rank][1] - spans[rank][0]:
         full = DTensor.from_local(
             local, mesh, tensor.placements, shape=tensor.shape, stride=tensor.stride()
         ).full_tensor()
-        return full if mesh.get_local_rank() == 0 else None
-    world, rows = mesh.size(), tensor.shape[0]
-    chunk = -(-rows // world)
-    if local.shape[0] < chunk:
-        local = torch.cat([local, local.new_zeros((chunk - local.shape[0], *local.shape[1:]))])
+        return full if rank == 0 else None
     group = mesh.get_group()
-    root = dist.get_global_rank(group, 0)
-    if mesh.get_local_rank() != 0:
-        dist.gather(local.contiguous(), None, dst=root, group=group)
+    if rank != 0:
+        if local.shape[0]:
+            dist.send(local.contiguous(), dst=dist.get_global_rank(group, 0), group=group)
         return None
-    out = torch.empty((world * chunk, *tensor.shape[1:]), dtype=local.dtype, device=device)
-    dist.gather(local.contiguous(), list(out.split(chunk)), dst=root, group=group)
-    return out[:rows]
+    out = torch.empty(tuple(tensor.shape), dtype=local.dtype, device=device)
+    out[spans[0][0] : spans[0][1]] = local
+    for source in range(1, world):
+        start, end = spans[source]
+        if end > start:
+            dist.recv(out[start:end], src=dist.get_global_rank(group, source), group=group)
+    return out
 
 
 def hf_name(key: str) -> str:

@@ -54,6 +54,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.batching.sampler import BatchSampler
     from mini_trainer.training import checkpoint
     from mini_trainer.training.data_setup import load_dataset
+    from mini_trainer.training.flops import ModelFlops
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.method import make_method
     from mini_trainer.training.metrics import MetricsLogger, truncate_metrics
@@ -76,6 +77,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
     model, config = build_model(args, loss_fn, runtime, method)
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    device_name = torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else None
+    model_flops = ModelFlops.of(model.model, device_name)
 
     # -- optimizer
     optimizer = build_optimizer(args, method.param_groups(model, args.weight_decay))
@@ -143,6 +146,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 stop_request,
             )  # fmt: skip
             step_time = time.perf_counter() - started
+            lengths = dataset.lengths[batch.indices].astype(np.int64)
             progress.step += 1
             progress.samples_seen += len(batch.indices)
             progress.loss_tokens_seen += plan.batch_num_loss_tokens
@@ -161,6 +165,9 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                     "step_time_s": step_time,
                     "peak_memory_gb": result.peak_memory_gb,
                     "timestamp": time.time(),
+                    **model_flops.step_metrics(
+                        plan.num_tokens, int((lengths**2).sum()), step_time, runtime.world_size
+                    ),
                 })  # fmt: skip
 
             # -- checkpoints
