@@ -80,7 +80,7 @@ def test_an_error_surfaces_at_the_step_that_needs_the_batch():
         sampler, dataset, rank=0, world_size=1, max_tokens_per_rank=50, pad_id=0,
         pin_memory=False,
     ) as prefetcher:  # fmt: skip
-        for step in range(bad_step):
+        for _ in range(bad_step):
             prefetcher.prepare(sampler.next_batch())
         with pytest.raises(ValueError, match="sample 4 has 99 tokens"):
             prefetcher.prepare(sampler.next_batch())
