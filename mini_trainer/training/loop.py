@@ -135,6 +135,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     prefetcher = StepPrefetcher(
         sampler, dataset, rank=runtime.rank, world_size=runtime.world_size,
         max_tokens_per_rank=args.max_tokens_per_gpu, pad_id=pad_id, pin_memory=runtime.is_cuda,
+        device=runtime.device,
     )  # fmt: skip
     try:
         while not finished(args, progress, sampler.epoch):

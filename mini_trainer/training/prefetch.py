@@ -40,8 +40,10 @@ class StepPrefetcher:
         max_tokens_per_rank: int,
         pad_id: int,
         pin_memory: bool,
+        device=None,
         depth: int = DEFAULT_DEPTH,
     ):
+        """`pin_memory` (CUDA only) pins the rows for `device`, this rank's GPU."""
         self._ahead = BatchSampler(sampler.num_samples, sampler.batch_size, sampler.seed)
         self._ahead.load_state_dict(sampler.state_dict())
         self._dataset = dataset
@@ -50,6 +52,7 @@ class StepPrefetcher:
         self._cap = max_tokens_per_rank
         self._pad_id = pad_id
         self._pin = pin_memory
+        self._device = device
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mini-trainer-prefetch", daemon=True)
@@ -83,6 +86,12 @@ class StepPrefetcher:
 
     def _run(self) -> None:
         try:
+            if self._pin and self._device is not None:
+                import torch
+
+                # A thread starts on GPU 0: pinning there would open a context on another
+                # rank's GPU (what DataLoader's pin thread avoids the same way).
+                torch.cuda.set_device(self._device)
             while not self._stop.is_set():
                 self._put(self._next_step())
         except BaseException as error:  # handed to the loop, raised at the step that needed it
