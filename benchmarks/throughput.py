@@ -160,6 +160,9 @@ def main() -> None:
     parser.add_argument("--cap", type=int, default=2048, help="packed: tokens per micro-batch")
     parser.add_argument("--per-micro", type=int, default=8, help="padded: samples per micro")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--order", default="padded,packed,prefetched", help="sides, in the order they run"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -176,8 +179,8 @@ def main() -> None:
             f"max {lengths.max()}"
         )
         results = {}
-        # padded first: no warm-up advantage for packed
-        for name in ("padded", "packed", "prefetched"):
+        # padded first by default: no warm-up advantage for packed
+        for name in args.order.split(","):
             torch.manual_seed(0)
             # Each side with the attention it is made for: per-sample sdpa for packed rows
             # (what mini_trainer.train uses on CPU), masked sdpa for padded batches.

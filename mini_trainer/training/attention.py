@@ -16,6 +16,8 @@ int maximum, so no path reads boundaries back from the device (`nonzero().tolist
 The varlen path is registered WITHOUT a mask function, so transformers' `create_causal_mask`
 returns at once (no packed-sequence detection, which ends in a host sync); the layout code
 around the kernel (`varlen_attention`) is shared with a CPU reference kernel that the tests run.
+transformers' own flash path keeps that detection (one small sync per forward, not per layer);
+given the boundaries it skips its per-layer search from the position ids.
 """
 
 from __future__ import annotations
