@@ -99,6 +99,12 @@ class TrainingArgs:
     keep_states: int = _arg(2, "Keep only the newest N state folders.")
     activation_checkpointing: bool = _arg(False, "Recompute activations in backward.")
     cpu_offload: bool = _arg(False, "FSDP2 CPU offload of parameters and gradients (CUDA).")
+    defer_grad_sync: bool = _arg(
+        False,
+        "Reduce-scatter gradients once per step, after its last micro-batch, instead of after "
+        "every micro-batch: fewer collectives, but every rank holds the whole model's "
+        "gradients unsharded (fp32) between micro-batches.",
+    )
     save_dtype: str = _arg("bfloat16", f"Dtype of exported weights: {', '.join(SAVE_DTYPES)}.")
     beta1: float = _arg(0.9, "AdamW beta1.")
     beta2: float = _arg(0.95, "AdamW beta2.")

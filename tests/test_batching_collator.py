@@ -38,6 +38,22 @@ def test_collate_hand_example():
     assert mb.num_tokens == 9
     assert mb.num_samples == 3
     assert mb.is_dummy is False
+    # Boundaries and loss rows built on the host, for the attention and the loss.
+    assert mb.seq_starts == [0, 3, 5, 9]
+    assert mb.cu_seqlens.tolist() == [0, 3, 5, 9] and mb.cu_seqlens.dtype == torch.int32
+    assert mb.max_seqlen == 4
+    assert mb.loss_rows.tolist() == [0, 1, 3, 6]
+
+
+def test_to_and_pin_memory_keep_every_field():
+    samples = [{"input_ids": [1, 2, 3], "labels": [X, 2, 3]}, {"input_ids": [4], "labels": [4]}]
+    mb = collate_packed(samples, batch_num_loss_tokens=2)
+    moved = mb.to("cpu")
+    for name in PackedMicroBatch.TENSORS:
+        assert torch.equal(getattr(moved, name), getattr(mb, name)), name
+    assert (moved.seq_starts, moved.max_seqlen) == ([0, 3, 4], 3)
+    if torch.cuda.is_available():  # pinning needs a CUDA driver
+        assert mb.pin_memory().input_ids.is_pinned()
 
 
 def test_no_sample_predicts_the_next_samples_first_token():
@@ -55,6 +71,8 @@ def test_no_sample_predicts_the_next_samples_first_token():
 
 def test_dummy_row():
     mb = collate_packed([], batch_num_loss_tokens=42, pad_token_id=7)
+    assert (mb.seq_starts, mb.cu_seqlens.tolist(), mb.max_seqlen) == ([0, 1], [0, 1], 1)
+    assert mb.loss_rows.numel() == 0
     assert mb.input_ids.tolist() == [[7]]
     assert mb.position_ids.tolist() == [[0]]
     assert mb.target_ids.tolist() == [[X]]

@@ -224,3 +224,17 @@ def test_make_loss_fn_liger_needs_cuda():
 def test_make_loss_fn_liger_missing_package():
     with pytest.raises(UserError, match=r"pip install 'mini-trainer\[cuda\]'"):
         make_loss_fn(use_liger=True, device_type="cuda")
+
+
+def test_host_built_rows_give_the_identical_loss_and_gradients():
+    # The collator hands the loss rows over (no device-side nonzero): same numbers, bit for bit.
+    hidden, weight, targets = make_inputs(n=40, h=8, v=50, ignored=0.5)
+    rows = torch.nonzero(targets != -100).flatten()
+    results = []
+    for given in (None, rows):
+        h, w = hidden.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+        loss = chunked_linear_cross_entropy(h, w, targets, chunk_size=7, rows=given)
+        loss.backward()
+        results.append((loss, h.grad, w.grad))
+    for a, b in zip(*results, strict=True):
+        assert torch.equal(a, b)

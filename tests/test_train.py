@@ -88,12 +88,13 @@ def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
     ), "the exported model is still the untrained one"
 
 
-def _one_step(demo_dir, data, out, nproc, cap):
+def _one_step(demo_dir, data, out, nproc, cap, defer_grad_sync=False):
     run_torchrun(
         *base_flags(
             demo_dir,
             out,
             **{
+                "defer-grad-sync": defer_grad_sync,
                 "data-path": data,
                 "training-mode": "step",
                 "max-steps": 1,
@@ -139,10 +140,14 @@ def test_step_is_exact_whatever_the_split(demo_dir, tmp_path):
     two_row, two = _one_step(
         demo_dir, data, tmp_path / "two", 2, _cap_for_micro_batches(data, 3, 2)
     )
+    # Gradients reduce-scattered once, after the last of the 3 micro-batches: the same step.
+    deferred_row, deferred = _one_step(
+        demo_dir, data, tmp_path / "deferred", 2, _cap_for_micro_batches(data, 3, 2), True
+    )
     assert whole_row["num_micro_batches"] == 1
     assert six_row["num_micro_batches"] == 6
-    assert two_row["num_micro_batches"] == 3
-    for row in (six_row, two_row):
+    assert two_row["num_micro_batches"] == deferred_row["num_micro_batches"] == 3
+    for row in (six_row, two_row, deferred_row):
         assert row["num_loss_tokens"] == whole_row["num_loss_tokens"]
         assert row["loss"] == pytest.approx(whole_row["loss"], rel=1e-5)
         assert row["grad_norm"] == pytest.approx(whole_row["grad_norm"], rel=1e-5)
@@ -151,6 +156,7 @@ def test_step_is_exact_whatever_the_split(demo_dir, tmp_path):
     assert moved > 1e-4, "the step did not change the weights"
     assert_weights_close(six, whole, rtol=1e-5)
     assert_weights_close(two, whole, rtol=1e-5)
+    assert_weights_close(deferred, whole, rtol=1e-5)
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):

@@ -16,6 +16,7 @@ all-reduce) gives the exact token mean of the global batch, whatever the split.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -45,15 +46,34 @@ class PackedMicroBatch:
     num_samples: int
     is_dummy: bool
     """True for the stand-in row of a rank with no sample in this micro-batch."""
+    seq_starts: list[int]
+    """[0, s1, ..., T]: where each sample starts in the row, and its end (host memory)."""
+    cu_seqlens: torch.Tensor
+    """`seq_starts` as an int32 tensor: what varlen attention kernels take."""
+    max_seqlen: int
+    """The longest sample of the row."""
+    loss_rows: torch.Tensor
+    """(num_loss_tokens,) int64: positions in the row whose target is not -100. Built on the
+    host, so the loss needs no device-side `nonzero` (a host sync on GPU)."""
+
+    TENSORS: ClassVar[tuple[str, ...]] = (
+        "input_ids",
+        "position_ids",
+        "target_ids",
+        "cu_seqlens",
+        "loss_rows",
+    )
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> PackedMicroBatch:
-        """A copy with the tensors on `device`."""
-        return replace(
-            self,
-            input_ids=self.input_ids.to(device, non_blocking=non_blocking),
-            position_ids=self.position_ids.to(device, non_blocking=non_blocking),
-            target_ids=self.target_ids.to(device, non_blocking=non_blocking),
-        )
+        """A copy with the tensors on `device` (`non_blocking` from pinned memory on CUDA)."""
+        moved = {
+            name: getattr(self, name).to(device, non_blocking=non_blocking) for name in self.TENSORS
+        }
+        return replace(self, **moved)
+
+    def pin_memory(self) -> PackedMicroBatch:
+        """A copy with the tensors in page-locked host memory, for asynchronous copies."""
+        return replace(self, **{name: getattr(self, name).pin_memory() for name in self.TENSORS})
 
 
 def collate_packed(
@@ -76,10 +96,15 @@ def collate_packed(
             num_tokens=0,
             num_samples=0,
             is_dummy=True,
+            seq_starts=[0, 1],
+            cu_seqlens=torch.tensor([0, 1], dtype=torch.int32),
+            max_seqlen=1,
+            loss_rows=torch.zeros((0,), dtype=torch.long),
         )
     input_ids: list[int] = []
     position_ids: list[int] = []
     target_ids: list[int] = []
+    seq_starts = [0]
     for i, sample in enumerate(samples):
         ids, labels = sample["input_ids"], sample["labels"]
         if len(ids) == 0:
@@ -92,16 +117,22 @@ def collate_packed(
         position_ids.extend(range(len(ids)))
         target_ids.extend(labels[1:])
         target_ids.append(IGNORE_INDEX)
+        seq_starts.append(len(input_ids))
     targets = torch.tensor([target_ids], dtype=torch.long)
+    loss_rows = torch.nonzero(targets[0] != IGNORE_INDEX).flatten()  # host tensor: no sync
     return PackedMicroBatch(
         input_ids=torch.tensor([input_ids], dtype=torch.long),
         position_ids=torch.tensor([position_ids], dtype=torch.long),
         target_ids=targets,
-        num_loss_tokens=int((targets != IGNORE_INDEX).sum()),
+        num_loss_tokens=int(loss_rows.numel()),
         batch_num_loss_tokens=int(batch_num_loss_tokens),
         num_tokens=len(input_ids),
         num_samples=len(samples),
         is_dummy=False,
+        seq_starts=seq_starts,
+        cu_seqlens=torch.tensor(seq_starts, dtype=torch.int32),
+        max_seqlen=max(b - a for a, b in zip(seq_starts[:-1], seq_starts[1:], strict=True)),
+        loss_rows=loss_rows,
     )
 
 

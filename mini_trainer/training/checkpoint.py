@@ -19,12 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from mini_trainer.io_utils import atomic_path, publish_dir
 from mini_trainer.training.distributed import Runtime, broadcast_object
@@ -59,41 +54,29 @@ def save_hf_checkpoint(
     runtime: Runtime,
     to_dense=lambda state: state,
 ) -> None:
-    """Gather the full weights on rank 0 and write a loadable Hugging Face folder.
+    """Write a loadable Hugging Face folder, gathering and writing one module at a time.
 
     `to_dense` maps the training model's state to dense Hugging Face weights (the method's
-    `export_weights`; identity for full fine-tuning).
+    `export_weights`; identity for full fine-tuning); it is called per module. Rank 0 never
+    holds the whole model (`models/export.py`).
     """
-    state = get_model_state_dict(
-        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-    )
+    from mini_trainer.models.export import export_hf_weights
+
+    dtype = getattr(torch, save_dtype)
+    tied = bool(getattr(config, "tie_word_embeddings", False))
     if runtime.is_main:
-        state = to_dense(state)
         with atomic_path(final, is_dir=True) as tmp:
-            _write_hf_folder(state, config, model_path, tmp, getattr(torch, save_dtype))
+            export_hf_weights(model, tmp, dtype, runtime, to_dense, tied, MAX_SHARD_BYTES)
+            _write_hf_extras(config, model_path, tmp, dtype)
         log.info("saved %s", final)
+    else:
+        export_hf_weights(model, None, dtype, runtime, to_dense, tied, MAX_SHARD_BYTES)
     dist.barrier()
 
 
-def _write_hf_folder(state: dict, config, model_path: str, out: Path, dtype) -> None:
-    from huggingface_hub import split_torch_state_dict_into_shards
-    from safetensors.torch import save_file
+def _write_hf_extras(config, model_path: str, out: Path, dtype) -> None:
+    """Everything of the folder but the weights: config, generation config, tokenizer."""
     from transformers import AutoTokenizer, GenerationConfig
-
-    weights = {
-        key.removeprefix("model."): value.to(dtype).contiguous() for key, value in state.items()
-    }
-    if getattr(config, "tie_word_embeddings", False):
-        weights.pop("lm_head.weight", None)
-    split = split_torch_state_dict_into_shards(weights, max_shard_size=MAX_SHARD_BYTES)
-    for filename, keys in split.filename_to_tensors.items():
-        save_file({k: weights[k] for k in keys}, out / filename, metadata={"format": "pt"})
-    if split.is_sharded:
-        index = {
-            "metadata": {"total_size": sum(t.numel() * t.element_size() for t in weights.values())},
-            "weight_map": split.tensor_to_filename,
-        }
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
     export_config = type(config).from_dict(config.to_dict())
     export_config.use_cache = True  # trained without a cache; inference wants one

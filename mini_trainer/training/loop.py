@@ -49,17 +49,18 @@ class StepResult:
 
 def train(args: TrainingArgs, runtime: Runtime) -> int:
     """Run the job to its end (0) or to a requested stop (EXIT_PREEMPTED, state saved)."""
-    from mini_trainer.batching.collator import plan_step
     from mini_trainer.batching.sampler import BatchSampler
     from mini_trainer.training import checkpoint, divergence, resume
     from mini_trainer.training.data_setup import load_dataset
     from mini_trainer.training.fingerprint import run_fingerprint
+    from mini_trainer.training.flops import ModelFlops
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.method import make_method
     from mini_trainer.training.metrics import MetricsLogger, truncate_metrics
     from mini_trainer.training.model_setup import build_model
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler
     from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
+    from mini_trainer.training.prefetch import StepPrefetcher
     from mini_trainer.training.run_lock import lock_output_dir
     from mini_trainer.training.save_guard import write_errors
     from mini_trainer.training.stopping import finished, planned_steps
@@ -82,6 +83,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
     model, config = build_model(args, loss_fn, runtime, method)
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    device_name = torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else None
+    model_flops = ModelFlops.of(model.model, device_name)
 
     # -- optimizer
     optimizer = build_optimizer(args, method.param_groups(model, args.weight_decay))
@@ -137,8 +140,13 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 method.export_weights,
             )
 
-    # -- steps
+    # -- steps (the next steps' micro-batches are prepared in a background thread)
     model.train()
+    prefetcher = StepPrefetcher(
+        sampler, dataset, rank=runtime.rank, world_size=runtime.world_size,
+        max_tokens_per_rank=args.max_tokens_per_gpu, pad_id=pad_id, pin_memory=runtime.is_cuda,
+        device=runtime.device,
+    )  # fmt: skip
     try:
         while not finished(
             args,
@@ -148,18 +156,13 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
         ):
             started = time.perf_counter()
             batch = sampler.next_batch()
-            plan = plan_step(
-                batch.indices,
-                dataset.lengths,
-                dataset.loss_tokens,
-                runtime.world_size,
-                args.max_tokens_per_gpu,
-            )
+            plan, micro_batches = prefetcher.prepare(batch)
             result = train_step(
-                model, optimizer, scheduler, method, dataset, plan, pad_id, args, runtime,
+                model, optimizer, scheduler, method, plan, micro_batches, args, runtime,
                 stop_request,
             )  # fmt: skip
             step_time = time.perf_counter() - started
+            lengths = dataset.lengths[batch.indices].astype(np.int64)
             progress.step += 1
             progress.samples_seen += len(batch.indices)
             progress.loss_tokens_seen += plan.batch_num_loss_tokens
@@ -178,6 +181,9 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                     "step_time_s": step_time,
                     "peak_memory_gb": result.peak_memory_gb,
                     "timestamp": time.time(),
+                    **model_flops.step_metrics(
+                        plan.num_tokens, int((lengths**2).sum()), step_time, runtime.world_size
+                    ),
                 })  # fmt: skip
 
             # -- checkpoints
@@ -202,6 +208,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     except divergence.Diverged as error:
         raise error.at_step(progress.step + 1, out) from None
     finally:
+        prefetcher.close()
         if logger is not None:
             logger.close()
 
@@ -213,21 +220,27 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
 
 
 def train_step(
-    model, optimizer, scheduler, method, dataset, plan, pad_id, args, runtime, stop_request
+    model, optimizer, scheduler, method, plan, micro_batches, args, runtime, stop_request
 ) -> StepResult:
-    """One optimizer step over `plan`'s micro-batches: forward/backward each, then update."""
-    from mini_trainer.batching.collator import collate_packed
+    """One optimizer step over this rank's micro-batches of `plan`: forward/backward each, then
+    update. No host sync until the step's end: boundaries and loss rows come from the host."""
+    from mini_trainer.training.attention import attention_kwargs
     from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
     from mini_trainer.training.divergence import check_step
     from mini_trainer.training.metrics import peak_memory_gb
 
+    attention = model.model.config._attn_implementation
     # FSDP averages gradients over ranks; scaling by world size makes that a sum.
     scale = runtime.world_size / plan.batch_num_loss_tokens
     loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
-    for ranks in plan.micro_batches:
-        samples = [dataset[i] for i in ranks[runtime.rank]]
-        micro = collate_packed(samples, plan.batch_num_loss_tokens, pad_id).to(runtime.device)
-        loss = model(micro.input_ids, micro.position_ids, micro.target_ids)
+    for index, host_micro in enumerate(micro_batches):
+        micro = host_micro.to(runtime.device, non_blocking=runtime.is_cuda)
+        if args.defer_grad_sync:  # reduce-scatter only after the step's last micro-batch
+            model.set_requires_gradient_sync(index == len(micro_batches) - 1)
+        loss = model(
+            micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
+            **attention_kwargs(attention, micro),
+        )  # fmt: skip
         (loss * scale).backward()
         loss_sum += loss.detach().double()
 

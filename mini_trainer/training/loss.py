@@ -29,7 +29,8 @@ DEFAULT_CHUNK_SIZE = 1024
 chosen with benchmarks/loss_memory.py (docs/benchmarks.md)."""
 
 LossFn = Callable[..., Tensor]
-"""`fn(hidden (N, H), weight (V, H), targets (N,), *, bias, logit_scale, softcap)` -> loss sum."""
+"""`fn(hidden (N, H), weight (V, H), targets (N,), *, rows, bias, logit_scale, softcap)`:
+the loss sum."""
 
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
@@ -52,6 +53,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         bias: Tensor | None = None,
         logit_scale: float = 1.0,
         softcap: float | None = None,
+        rows: Tensor | None = None,
     ) -> Tensor:
         # needs_input_grad ignores no_grad(), so the caller passes whether grad mode was on:
         # evaluation under no_grad must not pay for the gradients.
@@ -59,8 +61,10 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         need_weight_grad = grad_enabled and ctx.needs_input_grad[1]
         need_bias_grad = grad_enabled and bias is not None and ctx.needs_input_grad[6]
         # Only rows with a loss token cost anything: padding-free batches still carry prompt
-        # tokens (label -100), often most of the sequence.
-        rows = (targets != ignore_index).nonzero().squeeze(1)
+        # tokens (label -100), often most of the sequence. The caller may know the rows already
+        # (the collator builds them on the host): `nonzero` here would wait for the device.
+        if rows is None:
+            rows = (targets != ignore_index).nonzero().squeeze(1)
         # Softmax in fp32 at least (bf16/fp16 upcast; fp64 stays fp64, for exact tests).
         acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
         loss = torch.zeros((), dtype=acc_dtype, device=hidden.device)
@@ -143,7 +147,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for grad in (grad_hidden, grad_weight, grad_bias):
             if grad is not None:
                 grad.mul_(grad_output.to(grad.dtype))
-        return grad_hidden, grad_weight, None, None, None, None, grad_bias, None, None
+        return grad_hidden, grad_weight, None, None, None, None, grad_bias, None, None, None
 
 
 def chunked_linear_cross_entropy(
@@ -156,6 +160,7 @@ def chunked_linear_cross_entropy(
     bias: Tensor | None = None,
     logit_scale: float = 1.0,
     softcap: float | None = None,
+    rows: Tensor | None = None,
 ) -> Tensor:
     """Sum over targets != ignore_index of cross_entropy(logits, targets), a scalar.
 
@@ -174,6 +179,9 @@ def chunked_linear_cross_entropy(
 
     `weight` must be a plain tensor (under FSDP2: the unsharded lm_head weight). The gradients
     are handed over in backward, so backward runs once per call (no retain_graph).
+
+    `rows`, when given, must be the indices where targets != ignore_index, in increasing order
+    (the collator's `loss_rows`): the result is then identical, without a device sync.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -190,7 +198,7 @@ def chunked_linear_cross_entropy(
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     return _ChunkedLinearCrossEntropy.apply(
         hidden, weight, targets.long(), ignore_index, chunk_size, torch.is_grad_enabled(),
-        bias, float(logit_scale), None if softcap is None else float(softcap),
+        bias, float(logit_scale), None if softcap is None else float(softcap), rows,
     )  # fmt: skip
 
 
@@ -240,7 +248,9 @@ def logit_head(config) -> LogitHead:
 
 
 def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
-    """The loss for a run: `fn(hidden (N, H), weight (V, H), targets (N,)) -> summed loss`.
+    """The loss for a run: `fn(hidden (N, H), weight (V, H), targets (N,), rows=None) -> sum`.
+
+    `rows` (optional) are the indices of the loss tokens, known on the host by the collator.
 
     `use_liger` (`--use-liger-kernels`) needs CUDA and the liger-kernel package; anything else is
     a UserError so the run stops before loading the model rather than silently running slower.
@@ -268,7 +278,10 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
         bias: Tensor | None = None,
         logit_scale: float = 1.0,
         softcap: float | None = None,
+        rows: Tensor | None = None,
     ) -> Tensor:
+        if rows is not None:  # only loss tokens cost anything; same sum
+            hidden, targets = hidden.index_select(0, rows), targets.index_select(0, rows)
         if logit_scale != 1.0:  # (s h) W^T = s (h W^T); with a bias, scale (h W^T + b) instead
             if bias is not None:
                 raise UserError("--use-liger-kernels: a logit scale with an LM-head bias")

@@ -19,7 +19,7 @@ log = logging.getLogger("mini_trainer")
 METRIC_FIELDS = (
     "step", "epoch", "loss", "lr", "grad_norm", "num_loss_tokens", "num_tokens",
     "num_micro_batches", "samples_seen", "tokens_per_second", "step_time_s", "peak_memory_gb",
-    "timestamp",
+    "timestamp", "tokens_per_second_per_device", "tflops_per_device", "mfu",
 )  # fmt: skip
 
 

@@ -1,9 +1,9 @@
-"""Build the sharded training model: loaded once on rank 0, FSDP2 shards everywhere.
+"""Build the sharded training model: read once by rank 0, FSDP2 shards everywhere.
 
 Every rank builds the architecture on the meta device (no memory), shards it with `fully_shard`
 per decoder block and then the root, and allocates only its shards. Rank 0 alone reads the
-weights from disk and they are broadcast into the shards, so host memory does not grow with the
-number of ranks.
+weights from disk, one tensor at a time (`models/loading.py`), and each is broadcast into the
+shards: no rank ever holds the whole model, so host memory does not grow with the model.
 """
 
 from __future__ import annotations
@@ -12,12 +12,13 @@ import logging
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from mini_trainer.errors import UserError
+from mini_trainer.models.loading import load_sharded_weights
 from mini_trainer.training import packed_attention
-from mini_trainer.training.distributed import Runtime, broadcast_object
+from mini_trainer.training.attention import pick_attention
+from mini_trainer.training.distributed import Runtime
 from mini_trainer.training.loss import logit_head
 
 log = logging.getLogger("mini_trainer")
@@ -39,35 +40,24 @@ class CausalLMWithLoss(nn.Module):
         # The head's own transform (soft-cap, logit scale), applied inside the loss.
         self.head = logit_head(model.config)
 
-    def forward(self, input_ids, position_ids, target_ids) -> torch.Tensor:
-        extra = {}
-        if self.model.config._attn_implementation == packed_attention.NAME:
-            # Sample bounds once per micro-batch, not once per layer (a host sync each on GPU).
-            extra["packed_bounds"] = [packed_attention.segment_bounds(row) for row in position_ids]
+    def forward(
+        self, input_ids, position_ids, target_ids, loss_rows=None, **attention_kwargs
+    ) -> torch.Tensor:
+        """Summed loss of the row. The training loop passes what the collator built on the
+        host (`loss_rows`, and the sample boundaries as `attention.attention_kwargs`), so the
+        forward needs no host sync; without them, boundaries are found from the position ids."""
+        if not attention_kwargs and self.model.config._attn_implementation == packed_attention.NAME:
+            # Sample bounds once per micro-batch, not once per layer.
+            bounds = [packed_attention.segment_bounds(row) for row in position_ids]
+            attention_kwargs = {"packed_bounds": bounds}
         hidden = self.model.get_decoder()(
-            input_ids=input_ids, position_ids=position_ids, use_cache=False, **extra
+            input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention_kwargs
         ).last_hidden_state
         head = self.model.get_output_embeddings()
         return self.loss_fn(
-            hidden.flatten(0, 1), head.weight, target_ids.flatten(), bias=head.bias,
-            logit_scale=self.head.logit_scale, softcap=self.head.softcap,
+            hidden.flatten(0, 1), head.weight, target_ids.flatten(), rows=loss_rows,
+            bias=head.bias, logit_scale=self.head.logit_scale, softcap=self.head.softcap,
         )  # fmt: skip
-
-
-def pick_attention(runtime: Runtime) -> str:
-    """flash_attention_2 when it imports on CUDA, else sdpa run per packed sample.
-
-    Both isolate the samples of a packed row and cost the samples' own attention.
-    """
-    if runtime.is_cuda:
-        try:
-            import flash_attn  # noqa: F401
-
-            return "flash_attention_2"
-        except (ImportError, OSError, RuntimeError) as error:  # e.g. built for another torch
-            if runtime.is_main:
-                log.warning("flash-attn does not import (%s); using per-sample sdpa", error)
-    return packed_attention.register()
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -90,66 +80,6 @@ def load_config(model_path: str, attention: str):
     return config
 
 
-def load_weights(model_path: str, config) -> tuple[dict, dict]:
-    """Rank 0 only: (fp32 state dict, every buffer), keyed as in `CausalLMWithLoss`.
-
-    Buffers are returned apart because non-persistent ones (rotary frequencies) are not in the
-    state dict, yet the other ranks, built on the meta device, need their values too.
-    """
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # our own progress output is the step lines
-    model = _checked_from_pretrained(model_path, config)
-    state = {f"model.{key}": value for key, value in model.state_dict().items()}
-    buffers = {f"model.{key}": value.clone() for key, value in model.named_buffers()}
-    return state, buffers
-
-
-def _checked_from_pretrained(model_path: str, config):
-    """The fp32 model, or `UserError` if its weights do not load or do not fit the config.
-
-    transformers only warns about weights that are missing from the file (they start random)
-    or that the config has no place for; training would then quietly start from noise or from
-    a different model. (Weights of another shape it refuses itself.)
-    """
-    from transformers import AutoModelForCausalLM
-
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            model_path, config=config, dtype=torch.float32, output_loading_info=True
-        )
-    except Exception as error:  # noqa: BLE001 (safetensors, torch and OS errors alike)
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise UserError(f"{model_path}: the weights do not load: {reason}") from None
-    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
-    missing = sorted(set(info.get("missing_keys", ())) - tied)
-    unexpected = sorted(info.get("unexpected_keys", ()))
-    if missing or unexpected:
-        names = ", ".join((missing + unexpected)[:3])
-        more = len(missing) + len(unexpected) - 3
-        names += f" and {more} more" if more > 0 else ""
-        raise UserError(
-            f"{model_path}: the weights do not match config.json ({len(missing)} missing, "
-            f"{len(unexpected)} not in the config: {names})"
-        )
-    return model
-
-
-def _weights_on_rank0(model_path: str, config, runtime: Runtime) -> tuple[dict, dict]:
-    """`load_weights` on rank 0 (empty elsewhere); a `UserError` there is raised on every rank."""
-    weights: tuple[dict, dict] = ({}, {})
-    problem = None
-    if runtime.is_main:
-        try:
-            weights = load_weights(model_path, config)
-        except UserError as error:
-            problem = error.lines
-    problem = broadcast_object(problem, runtime)
-    if problem:
-        raise UserError(*problem)
-    return weights
-
-
 def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLoss, object]:
     """The FSDP2-sharded training model and its config, weights loaded from the model folder.
 
@@ -163,13 +93,10 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
     config = load_config(model_path, attention)
     if runtime.is_main:
         log.info("attention implementation: %s", attention)
-    full_state, buffers = _weights_on_rank0(model_path, config, runtime)
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     method.adapt_model(model)
-    if runtime.is_main:
-        full_state = method.convert_weights(full_state)
     if args.activation_checkpointing:
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
@@ -192,18 +119,6 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
     fully_shard(wrapped, **shard_kwargs)
 
     wrapped.to_empty(device="cpu" if args.cpu_offload else runtime.device)
-    set_model_state_dict(
-        wrapped,
-        full_state,
-        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-    )
-    _set_buffers(wrapped, broadcast_object(buffers, runtime), runtime.device)
+    # Rank 0 streams the checkpoint tensor by tensor into every rank's shards.
+    load_sharded_weights(wrapped, model_path, method.convert_weights, runtime)
     return wrapped, config
-
-
-def _set_buffers(module: nn.Module, values: dict[str, torch.Tensor], device) -> None:
-    """Give every buffer rank 0's value, on the compute device (also under CPU offload)."""
-    for name, _ in list(module.named_buffers()):
-        owner_name, _, buffer_name = name.rpartition(".")
-        owner = module.get_submodule(owner_name)
-        owner._buffers[buffer_name] = values[name].to(device)

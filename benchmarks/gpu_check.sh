@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# One prepared check of mini-trainer's GPU path, in under 8 minutes on one GPU.
+#
+#   benchmarks/gpu_check.sh [--out gpu_check.json] [--cpu-dry-run]
+#
+# Parts (each under its own time limit; a failed or timed-out part is recorded and the rest
+# still run; the JSON is always written):
+#   tests           the fast test files that exercise attention, loss, collator, prefetch, flops
+#                   (on a GPU machine they run with CUDA visible)
+#   attention       every packed-attention path that imports (flash-attn, torch varlen,
+#                   per-sample sdpa): packed == each sample alone, and one forward+backward time
+#   train_bf16      the demo training through torchrun on 1 GPU (bf16 FSDP2, the chosen
+#                   attention, prefetch): loss falls, tokens/s, MFU from metrics.jsonl
+#   train_liger     the same with --use-liger-kernels
+#   throughput      a random-init ~1B Llama, packed rows against padded batches: tokens/s, MFU
+# Then one JSON (--out) and a table on stdout. Exit status 1 if any part failed.
+#
+# --cpu-dry-run runs every part at tiny sizes on the CPU (fp32; Liger is expected to be refused
+# there): it checks this script, not the GPU. Set PYTHON to choose the interpreter.
+set -euo pipefail
+
+OUT="gpu_check.json"
+DRY=""
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --cpu-dry-run) DRY="--cpu-dry-run"; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+PY="${PYTHON:-python}"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")"
+PARTS="$WORK/parts"
+mkdir -p "$PARTS"
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 WANDB_MODE=disabled
+cd "$REPO"
+FAILED=0
+
+# run_part NAME TIMEOUT_S COMMAND...: run, time, record status and the output's tail.
+run_part() {
+  local name="$1" limit="$2"; shift 2
+  local log="$PARTS/$name.log" started status rc=0
+  started=$(date +%s.%N)
+  echo "== $name (limit ${limit}s)"
+  if timeout --kill-after=10 "$limit" "$@" >"$log" 2>&1; then
+    status="ok"
+  else
+    rc=$?
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then status="timeout"; else status="failed"; fi
+    FAILED=1
+  fi
+  "$PY" - "$PARTS/$name.status.json" "$status" "$rc" "$started" "$log" <<'EOF'
+import json, sys, time
+path, status, rc, started, log = sys.argv[1:]
+tail = open(log, errors="replace").read()[-2000:]
+json.dump({"status": status, "exit_code": int(rc), "seconds": time.time() - float(started),
+           "tail": tail}, open(path, "w"), indent=2)
+EOF
+  echo "   $status"
+}
+
+# Time limits (seconds) sum to under 8 minutes on a GPU; the CPU dry run gets more room.
+if [[ -n "$DRY" ]]; then
+  STEPS=3; NPROC=1; T_TESTS=600; T_ATTN=600; T_DEMO=300; T_TRAIN=600; T_THROUGHPUT=600
+else
+  STEPS=40; NPROC=1; T_TESTS=90; T_ATTN=45; T_DEMO=30; T_TRAIN=75; T_THROUGHPUT=150
+fi
+
+run_part tests "$T_TESTS" "$PY" -m pytest -q -x -p no:cacheprovider \
+  tests/test_attention.py tests/test_packed_attention.py tests/test_loss.py \
+  tests/test_batching_collator.py tests/test_prefetch.py tests/test_flops.py
+
+run_part attention "$T_ATTN" "$PY" benchmarks/gpu_check.py attention --out "$PARTS/attention.json" $DRY
+
+run_part demo_assets "$T_DEMO" "$PY" -m mini_trainer demo-assets --out "$WORK/demo"
+
+train() {  # train NAME EXTRA_FLAGS...
+  local name="$1"; shift
+  "$PY" -m torch.distributed.run --standalone --nproc-per-node "$NPROC" -m mini_trainer.train \
+    --model-name-or-path "$WORK/demo/model" \
+    --data-path "$WORK/demo/data/sort_plus1.train.jsonl" --output-dir "$WORK/$name" \
+    --batch-size 32 --max-tokens-per-gpu 1024 --learning-rate 3e-3 --training-mode step \
+    --max-steps "$STEPS" --save-final-checkpoint "$@" &&
+  "$PY" benchmarks/gpu_check.py training --run "$WORK/$name" --out "$PARTS/$name.json"
+}
+export -f train
+export PY WORK NPROC STEPS PARTS
+run_part train_bf16 "$T_TRAIN" bash -c 'train train_bf16'
+if [[ -n "$DRY" ]]; then
+  # No Liger on the CPU: the run must be refused with the one-line error, and that passes.
+  run_part train_liger "$T_TRAIN" bash -c \
+    'train train_liger --use-liger-kernels 2>&1 | grep -q "needs a CUDA GPU"'
+else
+  run_part train_liger "$T_TRAIN" bash -c 'train train_liger --use-liger-kernels'
+fi
+
+run_part throughput "$T_THROUGHPUT" "$PY" benchmarks/gpu_check.py throughput --out "$PARTS/throughput.json" $DRY
+
+"$PY" benchmarks/gpu_check.py summarize --parts "$PARTS" --out "$OUT" $DRY
+echo "wrote $OUT (logs in $PARTS)"
+exit "$FAILED"

@@ -1,0 +1,1 @@
+"""Model files: streaming a checkpoint into shards, and back out."""

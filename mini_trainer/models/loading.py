@@ -1,0 +1,253 @@
+"""Load a Hugging Face safetensors checkpoint into FSDP2 shards, one tensor at a time.
+
+Rank 0 alone reads the files, one tensor at a time in its stored dtype (read straight into a
+fresh buffer, no memory map that would keep pages of the file resident), casts it to fp32, lets
+the method convert it (`convert_weights` accepts any subset of the state), and broadcasts it;
+every rank copies its own slice into its shard. Rank 0 therefore never holds more than one
+tensor beyond its shard, whatever the model's size: no `from_pretrained` of the whole model.
+
+Keys must match the model's state-dict keys as Hugging Face saves them (`model.layers.0...`,
+`lm_head.weight`); tied weights are loaded once; non-persistent buffers (rotary frequencies)
+are not in checkpoints and are recomputed on every rank from the config.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from mini_trainer.errors import UserError
+from mini_trainer.training.distributed import Runtime, broadcast_object
+
+log = logging.getLogger("mini_trainer")
+
+PREFIX = "model."
+"""`CausalLMWithLoss` holds the Hugging Face model as `.model`: its keys carry this prefix."""
+
+SAFETENSORS_DTYPES = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U8": torch.uint8, "BOOL": torch.bool,
+    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+READ_CHUNK = 1 << 28
+"""Bytes per read() call (Linux returns at most ~2 GiB per call anyway)."""
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    file: Path
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    """Byte offset of the data in `file`."""
+    end: int
+
+
+def read_header(path: Path) -> dict[str, TensorEntry]:
+    """The tensors of one safetensors file (name -> where and what), from its JSON header."""
+    try:
+        with open(path, "rb") as handle:
+            (size,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(size))
+    except (OSError, ValueError, struct.error) as error:
+        raise UserError(f"{path}: not a readable safetensors file ({error})") from None
+    header.pop("__metadata__", None)
+    entries = {}
+    for name, info in header.items():
+        if info["dtype"] not in SAFETENSORS_DTYPES:
+            raise UserError(f"{path}: {name}: unsupported dtype {info['dtype']}")
+        start, end = info["data_offsets"]
+        entries[name] = TensorEntry(
+            path, SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + size + start,
+            8 + size + end,
+        )  # fmt: skip
+    return entries
+
+
+def read_tensor(entry: TensorEntry) -> torch.Tensor:
+    """One tensor in its stored dtype, read into a fresh buffer (no memory map)."""
+    out = torch.empty(entry.shape, dtype=entry.dtype)
+    buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if out.numel() else None
+    with open(entry.file, "rb", buffering=0) as handle:
+        handle.seek(entry.start)
+        done, total = 0, entry.end - entry.start
+        while done < total:
+            got = handle.readinto(buffer[done : min(total, done + READ_CHUNK)])
+            if not got:
+                raise UserError(f"{entry.file}: truncated (file ends inside a tensor)")
+            done += got
+    return out
+
+
+def checkpoint_tensors(model_path: str | Path) -> dict[str, TensorEntry]:
+    """Every tensor of the model folder's safetensors weights, in file and offset order."""
+    folder = Path(model_path)
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, AttributeError) as error:
+            raise UserError(f"{index}: not a readable safetensors index ({error})") from None
+    elif (folder / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise UserError(
+            f"{folder}: no model.safetensors or model.safetensors.index.json "
+            "(only safetensors checkpoints are supported)"
+        )
+    entries: dict[str, TensorEntry] = {}
+    for name in files:
+        entries.update(read_header(folder / name))
+    return dict(sorted(entries.items(), key=lambda item: (str(item[1].file), item[1].start)))
+
+
+def load_targets(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """(canonical name -> parameter or persistent buffer, every name -> canonical name).
+
+    Tied weights (an LM head sharing the input embedding) are one parameter with two names: it
+    is loaded once, from whichever name the checkpoint holds.
+    """
+    targets: dict[str, torch.Tensor] = {}
+    alias: dict[str, str] = {}
+    by_id: dict[int, str] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        canonical = by_id.setdefault(id(param), name)
+        alias[name] = canonical
+        targets.setdefault(canonical, param)
+    persistent = set(module.state_dict(keep_vars=True))
+    for name, buffer in module.named_buffers():
+        if name in persistent:
+            targets[name] = buffer
+            alias[name] = name
+    return targets, alias
+
+
+IGNORABLE_SUFFIXES = ("rotary_emb.inv_freq",)
+"""Checkpoint tensors that older exports hold but the model recomputes; skipped quietly."""
+
+
+@torch.no_grad()
+def load_sharded_weights(
+    module: nn.Module, model_path: str | Path, convert_weights, runtime: Runtime
+) -> None:
+    """Fill `module`'s (FSDP2-sharded, materialized) parameters from the checkpoint.
+
+    `convert_weights` is the method's hook (dense fp32 subset -> adapted subset). Collective:
+    every rank calls it; only rank 0 touches the files.
+    """
+    targets, alias = load_targets(module)
+    loaded: set[str] = set()
+    unknown: list[str] = []
+    stream = _rank0_stream(model_path, convert_weights) if runtime.is_main else None
+    while True:
+        item = next(stream, None) if stream is not None else None
+        header = broadcast_object(_header(item), runtime)
+        if header is None:
+            break
+        if header[0] == "error":
+            raise UserError(header[1])
+        source, names = header[1], header[2]
+        for index, (name, shape) in enumerate(names):
+            canonical = alias.get(name)
+            if canonical is None and not name.endswith(IGNORABLE_SUFFIXES):
+                unknown.append(name)  # the config has no place for it: another model
+            if canonical is None or canonical in loaded:
+                continue
+            target = targets[canonical]
+            if tuple(target.shape) != tuple(shape):
+                raise UserError(
+                    f"{source}: {name.removeprefix(PREFIX)}: shape {list(shape)}, but the model "
+                    f"expects {list(target.shape)}"
+                )
+            full = (
+                item[1][index].to(runtime.device, target.dtype)
+                if runtime.is_main
+                else torch.empty(shape, dtype=target.dtype, device=runtime.device)
+            )
+            dist.broadcast(full, src=0)
+            _copy_into(target, full)
+            loaded.add(canonical)
+            del full
+    missing = sorted(set(targets) - loaded)
+    if missing or unknown:
+        # transformers only warns here; training would start from noise or another model.
+        names = [name.removeprefix(PREFIX) for name in missing + sorted(unknown)]
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        raise UserError(
+            f"{model_path}: the weights do not match config.json ({len(missing)} missing, "
+            f"{len(unknown)} not in the config: {shown})"
+        )
+    init_non_persistent_buffers(module, runtime.device)
+
+
+def _rank0_stream(model_path, convert_weights):
+    """Rank 0: (file, [converted tensors], [(name, shape)]), one checkpoint tensor at a time."""
+    try:
+        entries = checkpoint_tensors(model_path)
+    except UserError as error:
+        yield ("error", " ".join(error.lines))
+        return
+    for name, entry in entries.items():
+        try:
+            dense = {PREFIX + name: read_tensor(entry).float()}
+        except UserError as error:
+            yield ("error", " ".join(error.lines))
+            return
+        converted = convert_weights(dense)
+        del dense
+        names = [(key, tuple(value.shape)) for key, value in converted.items()]
+        yield (str(entry.file), list(converted.values()), names)
+
+
+def _header(item):
+    """The part of a stream item every rank needs (no tensor data)."""
+    if item is None:
+        return None
+    if item[0] == "error":
+        return item
+    return ("tensors", item[0], item[2])
+
+
+def _copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy this rank's slice of the full tensor into `target` (a DTensor shard or a tensor)."""
+    if isinstance(target, DTensor):
+        local = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(local.to_local())
+    else:
+        target.copy_(full)
+
+
+def init_non_persistent_buffers(module: nn.Module, device) -> None:
+    """Recompute buffers that checkpoints do not hold (rotary frequencies), on `device`.
+
+    They were built on the meta device, so they hold nothing after `to_empty`. transformers'
+    own initializer recomputes rotary embeddings from the config; any other non-persistent
+    buffer is refused rather than left as uninitialized memory.
+    """
+    hf_models = [m for m in module.modules() if hasattr(m, "_init_weights")]
+    init = hf_models[0]._init_weights if hf_models else None
+    for owner_name, owner in module.named_modules():
+        names = [
+            name
+            for name, _ in owner.named_buffers(recurse=False)
+            if name in owner._non_persistent_buffers_set
+        ]
+        if not names:
+            continue
+        if init is None or "RotaryEmbedding" not in type(owner).__name__:
+            raise UserError(
+                f"{type(owner).__name__} ({owner_name}): non-persistent buffers {names} cannot "
+                "be recomputed (unsupported model)"
+            )
+        for name in names:
+            owner._buffers[name] = owner._buffers[name].to(device)
+        init(owner)

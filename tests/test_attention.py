@@ -1,0 +1,101 @@
+"""The attention choice, and packed == unpacked for every attention path that runs on CPU.
+
+torch's varlen kernel and flash-attn need CUDA; their shared layout code (`varlen_attention`)
+runs here with a reference kernel that implements the same contract in plain sdpa.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from mini_trainer.batching.collator import collate_packed
+from mini_trainer.training import attention
+from mini_trainer.training.loss import chunked_linear_cross_entropy
+from mini_trainer.training.model_setup import CausalLMWithLoss
+
+REFERENCE_VARLEN = "mini_trainer_test_varlen_reference"
+
+
+def test_choice_is_flash_then_torch_varlen_then_per_sample_sdpa():
+    expected = {
+        (True, True, True): attention.FLASH_NAME,
+        (True, True, False): attention.FLASH_NAME,
+        (True, False, True): attention.VARLEN_NAME,
+        (True, False, False): attention.PER_SAMPLE_NAME,
+    }
+    for is_cuda, flash, varlen in itertools.product((True, False), repeat=3):
+        want = expected.get((is_cuda, flash, varlen), attention.PER_SAMPLE_NAME)
+        assert attention.choose_attention(is_cuda, flash, varlen) == want, (is_cuda, flash, varlen)
+
+
+def test_this_torch_ships_the_varlen_kernel():
+    # torch 2.13 (the pinned version) has it, so on a GPU without flash-attn it is chosen.
+    assert attention.torch_varlen_available()
+
+
+def tiny_llama(name: str) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
+    )  # fmt: skip
+    config._attn_implementation = name
+    return LlamaForCausalLM(config)
+
+
+def cpu_paths() -> list[str]:
+    attention.register_varlen(REFERENCE_VARLEN, attention.reference_varlen_kernel)
+    return [attention.register(attention.PER_SAMPLE_NAME), REFERENCE_VARLEN]
+
+
+@pytest.mark.parametrize("path", ["per_sample", "varlen"])
+@pytest.mark.parametrize("lengths", [[5, 9, 1, 12], [7]])
+def test_packed_loss_and_gradients_equal_each_sample_alone(path, lengths):
+    name = dict(zip(("per_sample", "varlen"), cpu_paths(), strict=True))[path]
+    packed = CausalLMWithLoss(tiny_llama(name), chunked_linear_cross_entropy).train()
+    alone = CausalLMWithLoss(tiny_llama("eager"), chunked_linear_cross_entropy).train()
+    alone.load_state_dict(packed.state_dict())
+    gen = torch.Generator().manual_seed(1)
+    samples = []
+    for n in lengths:
+        ids = torch.randint(0, 97, (n,), generator=gen).tolist()
+        labels = [-100 if i % 3 == 0 else t for i, t in enumerate(ids)]
+        samples.append({"input_ids": ids, "labels": labels})
+
+    micro = collate_packed(samples, batch_num_loss_tokens=1)
+    loss = packed(
+        micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
+        **attention.attention_kwargs(name, micro),
+    )  # fmt: skip
+    loss.backward()
+    reference = 0.0
+    for sample in samples:
+        one = collate_packed([sample], batch_num_loss_tokens=1)
+        reference = reference + alone(one.input_ids, None, one.target_ids)
+    reference.backward()
+    torch.testing.assert_close(loss, reference, atol=1e-5, rtol=1e-5)
+    for (key, a), b in zip(packed.named_parameters(), alone.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=key)
+
+
+def test_varlen_path_refuses_input_without_boundaries():
+    (_, name) = cpu_paths()
+    model = tiny_llama(name)
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        model(input_ids=torch.tensor([[1, 2, 3]]), position_ids=torch.tensor([[0, 1, 2]]))
+
+
+def test_attention_kwargs_come_from_the_host():
+    micro = collate_packed(
+        [{"input_ids": [1, 2], "labels": [1, 2]}, {"input_ids": [3], "labels": [3]}], 1
+    )
+    assert attention.attention_kwargs(attention.PER_SAMPLE_NAME, micro) == {
+        "packed_bounds": [[0, 2, 3]]
+    }
+    kwargs = attention.attention_kwargs(attention.VARLEN_NAME, micro)
+    assert kwargs["cu_seq_lens_q"].tolist() == [0, 2, 3] and kwargs["max_length_q"] == 2
+    assert attention.attention_kwargs(attention.FLASH_NAME, micro).keys() == kwargs.keys()
