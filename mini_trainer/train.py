@@ -180,8 +180,9 @@ def train(args: TrainingArgs, runtime) -> int:
 
     def save_hf(name: str) -> None:
         checkpoint.save_hf_checkpoint(
-            model, config, args.model_name_or_path, out / name, args.save_dtype, runtime
-        )
+            model, config, args.model_name_or_path, out / name, args.save_dtype, runtime,
+            training_args=asdict(args),
+        )  # fmt: skip
 
     def finished() -> bool:
         capped = args.max_steps is not None and progress.step >= args.max_steps

@@ -33,6 +33,7 @@ log = logging.getLogger("mini_trainer")
 
 STATE_PATTERN = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+TRAINING_ARGS = "training_args.json"
 MAX_SHARD_BYTES = 5 * 1024**3
 
 
@@ -51,15 +52,28 @@ def _shared_temp_dir(final: Path, runtime: Runtime) -> Path:
 
 
 def save_hf_checkpoint(
-    model, config, model_path: str, final: Path, save_dtype: str, runtime: Runtime
+    model,
+    config,
+    model_path: str,
+    final: Path,
+    save_dtype: str,
+    runtime: Runtime,
+    training_args: dict | None = None,
 ) -> None:
-    """Gather the full weights on rank 0 and write a loadable Hugging Face folder."""
+    """Gather the full weights on rank 0 and write a loadable Hugging Face folder.
+
+    `training_args` (the run's resolved arguments) is written into the folder as
+    `training_args.json`, so a model used elsewhere, or as the start of a chained stage, still
+    says which run, data and base weights it came from.
+    """
     state = get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
     if runtime.is_main:
         with atomic_path(final, is_dir=True) as tmp:
             _write_hf_folder(state, config, model_path, tmp, getattr(torch, save_dtype))
+            if training_args is not None:
+                (tmp / TRAINING_ARGS).write_text(json.dumps(training_args, indent=2) + "\n")
         log.info("saved %s", final)
     dist.barrier()
 
