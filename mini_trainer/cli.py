@@ -308,5 +308,36 @@ def evaluate(
         click.echo(f"wrote {out}")
 
 
+@cli.command("report")
+@click.argument("inputs", nargs=-1, type=click.Path(path_type=Path), metavar="[INPUT]...")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write report.html and its PNG plots into.",
+)
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="JSON naming each run / eval / data summary with its method, lr, stage and task.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing OUT/report.html.")
+def report(inputs: tuple[Path, ...], out: Path, manifest: Path | None, force: bool) -> None:
+    """An HTML report with plots: training curves, accuracy matrices, AA/BWT, frontiers.
+
+    With --manifest (see docs/evaluate.md): per method and learning rate the accuracy matrix
+    (stage trained x task evaluated, base model as row 0), average accuracy and backward
+    transfer, and the retention-vs-learning frontier over learning rates; plus loss, learning
+    rate and throughput of every run, the data summaries and provenance. INPUTs are extra
+    training output folders or evaluate JSONs. A missing or failed evaluation is shown as
+    missing, never filled in.
+    """
+    from mini_trainer.report.build import build_report
+
+    page = build_report(out, manifest, list(inputs), force)
+    click.echo(f"wrote {page}")
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")
