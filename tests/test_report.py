@@ -91,8 +91,11 @@ def write_experiment(root):
                                 "stage": stage})  # fmt: skip
     summary = root / "data" / "a.summary.json"
     summary.parent.mkdir()
-    summary.write_text(json.dumps({"samples": 2000, "tokens": 81234, "loss_tokens": 30123,
-                                   "dropped": 0, "length": {"p50": 33, "p99": 160, "max": 210}}))  # fmt: skip
+    length = {"p50": 33, "p99": 160, "max": 210}
+    summary.write_text(
+        json.dumps({"samples": 2000, "tokens": 81234, "loss_tokens": 30123, "dropped": 0,
+                    "length": length})
+    )  # fmt: skip
     entries.append({"kind": "data_summary", "path": str(summary), "task": "a"})
     entries.append({"kind": "data_summary", "path": str(root / "data" / "b.json"), "task": "b"})
     manifest = root / "manifest.json"
