@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mini_trainer.report.inputs import RunData  # noqa: E402
@@ -22,10 +23,19 @@ from mini_trainer.report.metrics import Cell  # noqa: E402
 DPI = 110
 
 
-def _save(fig, path: Path) -> None:
-    fig.tight_layout()
+def _save(fig, path: Path, bottom: float = 0.0) -> None:
+    fig.tight_layout(rect=(0, bottom, 1, 1))
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+def _legend_below(fig, ax, count: int, height: float) -> float:
+    """A legend under the panels (it never hides a line); returns the figure share it takes."""
+    columns = min(3, max(count, 1))
+    rows = -(-count // columns)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=columns, fontsize=8,
+               frameon=False)  # fmt: skip
+    return min(0.5, (0.1 + 0.2 * rows) / height)
 
 
 def _series(run: RunData, key: str) -> tuple[list[int], list[float]]:
@@ -39,24 +49,29 @@ def _series(run: RunData, key: str) -> tuple[list[int], list[float]]:
 
 def plot_training(runs: Sequence[RunData], path: Path) -> None:
     """Loss and learning rate against step, one line per run (same colour in both panels)."""
-    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(11, 4.2))
+    height = 4.2 + 0.2 * -(-len(runs) // 3)
+    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(11, height))
     colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
     for i, run in enumerate(runs):
         colour = colours(i % colours.N)
         ax_loss.plot(*_series(run, "loss"), color=colour, lw=1.2, label=run.label)
         ax_lr.plot(*_series(run, "lr"), color=colour, lw=1.2)
     ax_loss.set(xlabel="step", ylabel="training loss (answer tokens)", title="Loss", yscale="log")
+    # Plain numbers at 1, 2, 5 x 10^k on the log axis (not "6 x 10^0" on every minor tick).
+    ax_loss.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax_loss.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax_loss.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning rate")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     for ax in (ax_loss, ax_lr):
         ax.grid(alpha=0.3)
-    ax_loss.legend(fontsize=7, ncol=1 if len(runs) <= 6 else 2, loc="upper right")
-    _save(fig, path)
+    _save(fig, path, _legend_below(fig, ax_loss, len(runs), height))
 
 
 def plot_throughput(runs: Sequence[RunData], path: Path) -> None:
     """Training tokens per second against step, one line per run."""
-    fig, ax = plt.subplots(figsize=(11, 3.4))
+    height = 3.4 + 0.2 * -(-len(runs) // 3)
+    fig, ax = plt.subplots(figsize=(11, height))
     colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
     for i, run in enumerate(runs):
         ax.plot(*_series(run, "tokens_per_second"), color=colours(i % colours.N), lw=1,
@@ -64,8 +79,7 @@ def plot_throughput(runs: Sequence[RunData], path: Path) -> None:
     ax.set(xlabel="step", ylabel="tokens / s", title="Training throughput (all ranks)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2 if len(runs) > 6 else 1, loc="lower right")
-    _save(fig, path)
+    _save(fig, path, _legend_below(fig, ax, len(runs), height))
 
 
 def plot_matrix(
