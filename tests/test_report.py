@@ -197,3 +197,27 @@ def test_report_package_never_imports_torch(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok" and (tmp_path / "out" / "report.html").exists()
+
+
+def test_page_renders_in_headless_chromium(tmp_path):
+    """The screenshot script on the synthetic report: a real browser draws the page."""
+    import shutil
+
+    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    manifest = write_experiment(tmp_path)
+    assert run_cli("report", "--out", tmp_path / "out", "--manifest", manifest).returncode == 0
+    shot = tmp_path / "shot.png"
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "scripts" / "screenshot_report.sh"),
+         str(tmp_path / "out" / "report.html"), str(shot), "1600"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[:2] == (1600, 1280)
+    # A page with its images drawn, not a blank or an error page: many distinct colours.
+    colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
+    assert len(colours) > 200, len(colours)

@@ -18,7 +18,8 @@ h1 { font-size: 24px; margin-bottom: 4px; } h2 { font-size: 19px; margin-top: 34
      border-bottom: 1px solid #ddd; padding-bottom: 4px; } h3 { font-size: 15px; }
 .meta { color: #666; } nav a { margin-right: 14px; }
 table { border-collapse: collapse; margin: 8px 0 14px; font-size: 13px; }
-th, td { border: 1px solid #d6d6d6; padding: 3px 8px; text-align: left; vertical-align: top; }
+th, td { border: 1px solid #d6d6d6; padding: 3px 8px; text-align: left; vertical-align: top;
+         overflow-wrap: anywhere; }
 th { background: #f4f4f6; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.missing { color: #b00020; background: #fdecee; font-style: italic; }
 img { max-width: 100%; border: 1px solid #eee; }

@@ -152,7 +152,7 @@ def data_section(summaries) -> tuple[str, str, str]:
 def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
     parts = ["<h3>This report</h3>"]
     here = {"git commit": source_commit() or "not a git checkout", **machine()}
-    parts.append(h.table(["", ""], [[h.text(k), h.text(v)] for k, v in here.items()]))
+    parts.append(h.table(["what", "value"], [[h.text(k), h.text(v)] for k, v in here.items()]))
     versions = package_versions()
     seen = {}
     for e in [*evals.values(), *extra]:
