@@ -1,6 +1,6 @@
 """A real, small continual-learning experiment on the demo assets, end to end on a CPU.
 
-    python scripts/demo_experiment.py [--out results/demo_experiment] [--steps 60]
+    python scripts/demo_experiment.py [--out results/demo_experiment] [--steps 100]
 
 Full fine-tuning (sft) at several learning rates over the three demo tasks in order (stage i
 starts from stage i-1's final checkpoint), every stage's checkpoint and the base model evaluated
@@ -30,7 +30,7 @@ def run(*argv: object) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("results/demo_experiment"))
-    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per stage")
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps per stage")
     parser.add_argument("--lrs", default="0.001,0.003,0.01", help="learning rates, comma-separated")
     parser.add_argument("--nproc", type=int, default=2, help="torchrun processes per training job")
     args = parser.parse_args()
