@@ -244,3 +244,17 @@ def test_lm_eval_task_defined_locally_runs_offline(demo_dir, tmp_path):
         f"error: {tmp_path / 'nowhere'}: --lm-eval-include: no such folder"
     ]
     assert not missing.exists()
+
+
+def test_missing_lm_eval_names_the_extra(monkeypatch):
+    from mini_trainer.errors import UserError
+    from mini_trainer.evaluate.lm_eval_tasks import import_lm_eval, parse_task_list
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # what Python does when it is absent
+    with pytest.raises(UserError) as caught:
+        import_lm_eval()
+    assert caught.value.lines[0].startswith("--lm-eval-tasks: lm_eval is not installed")
+    assert "pip install 'mini-trainer[eval]'" in caught.value.lines[0]
+    assert parse_task_list(" a, b ") == ["a", "b"]
+    with pytest.raises(UserError, match="empty task name"):
+        parse_task_list("a,,b")
