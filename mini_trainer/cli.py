@@ -262,5 +262,132 @@ def train(train_args: tuple[str, ...]) -> None:
     sys.exit(launch(torchrun_args, worker_args))
 
 
+@cli.command("evaluate")
+@click.option(
+    "--model",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Hugging Face model folder (a training run's final/ or hf_format/samples_N/).",
+)
+@click.option(
+    "--data",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Pre-tokenized eval JSONL (the training format), checked as `validate` checks it.",
+)
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Metrics JSON to write.",
+)
+@click.option(
+    "--max-tokens-per-gpu",
+    type=click.IntRange(min=1),
+    default=8192,
+    show_default=True,
+    help="Tokens per packed micro-batch per process; a longer sample is an error.",
+)
+@click.option(
+    "--lm-eval-tasks",
+    default=None,
+    metavar="A,B",
+    help="Also run these lm-evaluation-harness tasks (needs the `eval` extra; offline).",
+)
+@click.option(
+    "--lm-eval-include",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Folder of your own lm-eval task YAMLs (e.g. over local JSONL files).",
+)
+@click.option(
+    "--lm-eval-batch-size", type=click.IntRange(min=1), default=8, show_default=True,
+    help="Batch size of the harness's own model wrapper.",
+)  # fmt: skip
+@click.option(
+    "--lm-eval-limit", type=click.IntRange(min=1), default=None,
+    help="Evaluate only the first N documents of each harness task (for quick checks).",
+)  # fmt: skip
+@click.option("--force", is_flag=True, help="Replace an existing --out file.")
+def evaluate(
+    model: Path,
+    data: Path,
+    out: Path,
+    max_tokens_per_gpu: int,
+    lm_eval_tasks: str | None,
+    lm_eval_include: Path | None,
+    lm_eval_batch_size: int,
+    lm_eval_limit: int | None,
+    force: bool,
+) -> None:
+    """Loss, perplexity, answer-token accuracy and exact match of MODEL on DATA.
+
+    DATA is pre-tokenized JSONL; the model predicts labels[t+1] from the tokens up to t, and
+    only labels other than -100 count. Accuracy is teacher-forced (the arg-max token at each
+    answer position, given the true prefix); exact match is the share of samples whose every
+    answer token is right. Samples are packed without padding and the logits are computed a
+    chunk at a time, as in training. Runs as one process, or under torchrun with the model
+    sharded as in training:
+    torchrun --nproc-per-node N -m mini_trainer evaluate --model M --data D --out F.json
+    """
+    import logging
+    import os
+
+    from mini_trainer.evaluate.command import run_evaluate, summary_line
+
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"[rank{rank}] %(asctime)s %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        result = run_evaluate(
+            model, data, out, max_tokens_per_gpu, lm_eval_tasks, lm_eval_include,
+            lm_eval_batch_size, lm_eval_limit, force,
+        )  # fmt: skip
+    except UserError as error:
+        if int(os.environ.get("LOCAL_RANK", "0")) != 0:  # every rank finds it; print it once
+            sys.exit(error.exit_code)
+        raise
+    if rank == 0:
+        click.echo(summary_line(result))
+        for task, metrics in result.get("lm_eval", {}).items():
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
+            click.echo(f"lm-eval {task}: {shown}")
+        click.echo(f"wrote {out}")
+
+
+@cli.command("report")
+@click.argument("inputs", nargs=-1, type=click.Path(path_type=Path), metavar="[INPUT]...")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder to write report.html and its PNG plots into.",
+)
+@click.option(
+    "--manifest",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="JSON naming each run / eval / data summary with its method, lr, stage and task.",
+)
+@click.option("--force", is_flag=True, help="Replace an existing OUT/report.html.")
+def report(inputs: tuple[Path, ...], out: Path, manifest: Path | None, force: bool) -> None:
+    """An HTML report with plots: training curves, accuracy matrices, AA/BWT, frontiers.
+
+    With --manifest (see docs/evaluate.md): per method and learning rate the accuracy matrix
+    (stage trained x task evaluated, base model as row 0), average accuracy and backward
+    transfer, and the retention-vs-learning frontier over learning rates; plus loss, learning
+    rate and throughput of every run, the data summaries and provenance. INPUTs are extra
+    training output folders or evaluate JSONs. A missing or failed evaluation is shown as
+    missing, never filled in.
+    """
+    from mini_trainer.report.build import build_report
+
+    page = build_report(out, manifest, list(inputs), force)
+    click.echo(f"wrote {page}")
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")

@@ -28,6 +28,7 @@ log = logging.getLogger("mini_trainer")
 
 STATE_PATTERN = re.compile(r"^step_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
+TRAINING_ARGS = "training_args.json"
 MAX_SHARD_BYTES = 5 * 1024**3
 
 
@@ -53,12 +54,15 @@ def save_hf_checkpoint(
     save_dtype: str,
     runtime: Runtime,
     to_dense=lambda state: state,
+    training_args: dict | None = None,
 ) -> None:
     """Write a loadable Hugging Face folder, gathering and writing one module at a time.
 
     `to_dense` maps the training model's state to dense Hugging Face weights (the method's
     `export_weights`; identity for full fine-tuning); it is called per module. Rank 0 never
-    holds the whole model (`models/export.py`).
+    holds the whole model (`models/export.py`). `training_args` (the run's resolved arguments)
+    is written into the folder as `training_args.json`, so a model used elsewhere, or as the
+    start of a chained stage, still says which run, data and base weights it came from.
     """
     from mini_trainer.models.export import export_hf_weights
 
@@ -68,6 +72,8 @@ def save_hf_checkpoint(
         with atomic_path(final, is_dir=True) as tmp:
             export_hf_weights(model, tmp, dtype, runtime, to_dense, tied, MAX_SHARD_BYTES)
             _write_hf_extras(config, model_path, tmp, dtype)
+            if training_args is not None:
+                (tmp / TRAINING_ARGS).write_text(json.dumps(training_args, indent=2) + "\n")
         log.info("saved %s", final)
     else:
         export_hf_weights(model, None, dtype, runtime, to_dense, tied, MAX_SHARD_BYTES)

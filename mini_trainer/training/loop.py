@@ -138,6 +138,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 args.save_dtype,
                 runtime,
                 method.export_weights,
+                training_args=asdict(args),
             )
 
     # -- steps (the next steps' micro-batches are prepared in a background thread)

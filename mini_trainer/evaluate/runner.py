@@ -1,0 +1,141 @@
+"""`mini-trainer evaluate`: held-out loss, perplexity, answer-token accuracy and exact match.
+
+It reuses the training path wherever it can, so what trains also evaluates and the numbers mean
+the same thing:
+- the data is checked by `validate.build_index` (same checks, same `FILE:LINE: FIELD: reason`
+  errors) with `--max-tokens-per-gpu` as the cap;
+- the whole eval set is one "global batch" for `plan_step` (the LPT planner): packed,
+  padding-free micro-batches, balanced across ranks, each collated by `collate_packed`, so the
+  target of position t is `labels[t + 1]` of the same sample and no sample sees another;
+- the model is `build_model`'s FSDP2-sharded `CausalLMWithLoss` (a world of one without
+  torchrun), whose loss function is swapped for `chunked_eval_stats` per micro-batch: the
+  logits of the whole row never exist.
+Each rank sums its micro-batches; one all-reduce gives the totals.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mini_trainer.errors import UserError
+from mini_trainer.training.distributed import Runtime
+
+log = logging.getLogger("mini_trainer")
+
+DEFAULT_MAX_TOKENS = 8192
+"""Tokens per packed micro-batch per rank when `--max-tokens-per-gpu` is not given."""
+
+
+def check_inputs(model_path: Path, data_path: Path) -> None:
+    """Problems found before any process group or model exists."""
+    problems = []
+    if not model_path.is_dir():
+        problems.append(f"{model_path}: --model: no such model folder")
+    if not data_path.is_file():
+        problems.append(f"{data_path}: --data: no such file")
+    if problems:
+        raise UserError(*problems)
+
+
+def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtime: Runtime):
+    """Rank 0 validates the file exactly as `mini-trainer validate` does; every rank gets it."""
+    from mini_trainer.data.dataset import IndexedJsonlDataset
+    from mini_trainer.data.validate import build_index, read_vocab_size
+    from mini_trainer.training.distributed import broadcast_object
+
+    outcome = None
+    if runtime.is_main:
+        try:
+            vocab_size = read_vocab_size(model_path)
+            index, _ = build_index(data_path, vocab_size, max_tokens)
+            outcome = ("ok", index)
+        except UserError as error:
+            outcome = ("error", error.lines)
+    status, payload = broadcast_object(outcome, runtime)
+    if status == "error":
+        raise UserError(*payload)
+    return IndexedJsonlDataset(data_path, payload)
+
+
+def evaluate_model(
+    model_path: Path,
+    data_path: Path,
+    runtime: Runtime,
+    max_tokens_per_gpu: int = DEFAULT_MAX_TOKENS,
+    chunk_size: int | None = None,
+) -> dict:
+    """The metrics of `model_path` on `data_path`, the same dict on every rank."""
+    from mini_trainer.batching.collator import collate_packed, plan_step
+    from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
+    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.training.model_setup import build_model
+
+    dataset = load_eval_dataset(data_path, model_path, max_tokens_per_gpu, runtime)
+    stats_fn = chunked_eval_stats
+    if chunk_size is not None:
+        stats_fn = functools.partial(chunked_eval_stats, chunk_size=chunk_size)
+    model, config = build_model(str(model_path), stats_fn, runtime, False, False)
+    model.eval()
+    pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    plan = plan_step(
+        np.arange(len(dataset)),
+        dataset.lengths,
+        dataset.loss_tokens,
+        runtime.world_size,
+        max_tokens_per_gpu,
+    )
+
+    started = time.perf_counter()
+    loss_sum = 0.0
+    correct = exact = loss_tokens = 0
+    with torch.no_grad():
+        for ranks in plan.micro_batches:
+            samples = [dataset[i] for i in ranks[runtime.rank]]
+            micro = collate_packed(samples, plan.batch_num_loss_tokens, pad_id).to(runtime.device)
+            lengths = [len(s["input_ids"]) for s in samples] or [micro.input_ids.shape[1]]
+            # The loss function sees flattened positions only; bind which sample each one is.
+            model.loss_fn = functools.partial(
+                stats_fn,
+                sample_ids=sample_ids_of(lengths, runtime.device),
+                num_samples=len(lengths),
+            )
+            sums = model(micro.input_ids, micro.position_ids, micro.target_ids)
+            loss_sum += sums.loss_sum.item()
+            correct += sums.num_correct
+            loss_tokens += sums.num_loss_tokens
+            exact += int(sums.sample_all_correct[: len(samples)].sum())
+    elapsed = time.perf_counter() - started
+    totals = all_reduce_sum([loss_sum, correct, exact, loss_tokens], runtime)
+    (elapsed,) = all_reduce_max([elapsed], runtime)
+    loss_sum, correct, exact, loss_tokens = totals[0], *map(round, totals[1:])
+    if loss_tokens != plan.batch_num_loss_tokens:  # every sample counted exactly once
+        raise RuntimeError(
+            f"evaluated {loss_tokens} loss tokens, the index has {plan.batch_num_loss_tokens}"
+        )
+    loss = loss_sum / loss_tokens
+    return {
+        "model": str(model_path),
+        "data": str(data_path),
+        "num_samples": plan.num_samples,
+        "num_tokens": plan.num_tokens,
+        "num_loss_tokens": loss_tokens,
+        "loss": loss,
+        "perplexity": math.exp(loss) if loss < 700 else math.inf,
+        "token_accuracy": correct / loss_tokens,
+        "exact_match": exact / plan.num_samples,
+        "num_correct_tokens": correct,
+        "num_exact_samples": exact,
+        "max_tokens_per_gpu": max_tokens_per_gpu,
+        "num_micro_batches": plan.num_micro_batches,
+        "world_size": runtime.world_size,
+        "device": runtime.device.type,
+        "elapsed_s": elapsed,
+        "tokens_per_second": plan.num_tokens / elapsed if elapsed > 0 else None,
+    }

@@ -1,0 +1,144 @@
+"""The report's PNG plots, drawn with matplotlib's Agg backend (no display needed).
+
+Each function draws one figure into `path` and closes it. Missing values are drawn as missing
+(hatched, labelled "missing"), never interpolated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
+import matplotlib.ticker  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mini_trainer.report.inputs import RunData  # noqa: E402
+from mini_trainer.report.metrics import Cell  # noqa: E402
+
+DPI = 110
+
+
+def _save(fig, path: Path, bottom: float = 0.0) -> None:
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def _legend_below(fig, ax, count: int, height: float) -> float:
+    """A legend under the panels (it never hides a line); returns the figure share it takes."""
+    columns = min(3, max(count, 1))
+    rows = -(-count // columns)
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=columns, fontsize=8,
+               frameon=False)  # fmt: skip
+    return min(0.5, (0.1 + 0.2 * rows) / height)
+
+
+def _series(run: RunData, key: str) -> tuple[list[int], list[float]]:
+    pairs = [
+        (row["step"], row[key])
+        for row in run.rows
+        if isinstance(row.get(key), (int, float)) and not isinstance(row.get(key), bool)
+    ]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def plot_training(runs: Sequence[RunData], path: Path) -> None:
+    """Loss and learning rate against step, one line per run (same colour in both panels)."""
+    height = 4.2 + 0.2 * -(-len(runs) // 3)
+    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(11, height))
+    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
+    for i, run in enumerate(runs):
+        colour = colours(i % colours.N)
+        ax_loss.plot(*_series(run, "loss"), color=colour, lw=1.2, label=run.label)
+        ax_lr.plot(*_series(run, "lr"), color=colour, lw=1.2)
+    ax_loss.set(xlabel="step", ylabel="training loss (answer tokens)", title="Loss", yscale="log")
+    # Plain numbers at 1, 2, 5 x 10^k on the log axis (not "6 x 10^0" on every minor tick).
+    ax_loss.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax_loss.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax_loss.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning rate")
+    ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    for ax in (ax_loss, ax_lr):
+        ax.grid(alpha=0.3)
+    _save(fig, path, _legend_below(fig, ax_loss, len(runs), height))
+
+
+def plot_throughput(runs: Sequence[RunData], path: Path) -> None:
+    """Training tokens per second against step, one line per run."""
+    height = 3.4 + 0.2 * -(-len(runs) // 3)
+    fig, ax = plt.subplots(figsize=(11, height))
+    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
+    for i, run in enumerate(runs):
+        ax.plot(*_series(run, "tokens_per_second"), color=colours(i % colours.N), lw=1,
+                label=run.label)  # fmt: skip
+    ax.set(xlabel="step", ylabel="tokens / s", title="Training throughput (all ranks)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    _save(fig, path, _legend_below(fig, ax, len(runs), height))
+
+
+def plot_matrix(
+    matrix: Sequence[Sequence[Cell]], tasks: Sequence[str], title: str, path: Path
+) -> None:
+    """Accuracy after each stage (rows) on each task (columns) as an annotated heatmap."""
+    rows, cols = len(matrix), len(tasks)
+    values = np.array([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
+    fig, ax = plt.subplots(figsize=(1.6 + 1.5 * cols, 1.0 + 0.62 * rows))
+    image = ax.imshow(np.ma.masked_invalid(values), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for s in range(rows):
+        for j in range(cols):
+            if np.isnan(values[s, j]):
+                ax.add_patch(
+                    plt.Rectangle((j - 0.5, s - 0.5), 1, 1, facecolor="#eeeeee",
+                                  edgecolor="#999999", hatch="//")
+                )  # fmt: skip
+                ax.text(j, s, "missing", ha="center", va="center", fontsize=9, color="#b00020")
+            else:
+                value = values[s, j]
+                ax.text(j, s, f"{value:.1%}", ha="center", va="center", fontsize=10,
+                        color="white" if value < 0.6 else "black")  # fmt: skip
+    ax.set_xticks(range(cols), [f"eval: {t}" for t in tasks], fontsize=9)
+    labels = ["base model"] + [f"after {s}: {tasks[s - 1]}" for s in range(1, rows)]
+    ax.set_yticks(range(rows), labels, fontsize=9)
+    ax.set_title(title, fontsize=11)
+    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02, label="token accuracy")
+    _save(fig, path)
+
+
+def plot_frontier(
+    series: dict[str, list[tuple[float, float, str]]], path: Path, front: dict[str, list[int]]
+) -> None:
+    """Per method, retained earlier-task accuracy against newest-task accuracy.
+
+    `series[method]` holds (newest, retained, label) per learning rate; `front[method]` the
+    indices on that method's Pareto front (drawn as a line; the others as hollow points).
+    """
+    fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    colours = plt.get_cmap("tab10")
+    for i, (method, points) in enumerate(sorted(series.items())):
+        colour = colours(i % colours.N)
+        xs = [p[0] for p in points]
+        ys = [p[1] for p in points]
+        on_front = set(front.get(method, []))
+        ordered = sorted((xs[k], ys[k]) for k in on_front)
+        if ordered:
+            ax.plot([p[0] for p in ordered], [p[1] for p in ordered], color=colour, lw=1.5,
+                    label=f"{method} (frontier)")  # fmt: skip
+        for k, (x, y, label) in enumerate(points):
+            filled = k in on_front
+            ax.scatter([x], [y], s=60, color=colour if filled else "white", edgecolor=colour,
+                       zorder=3, linewidths=1.5)  # fmt: skip
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 5), fontsize=8)
+    ax.set(xlim=(-0.02, 1.02), ylim=(-0.02, 1.02))
+    ax.set_xlabel("accuracy on the newest task (learning)")
+    ax.set_ylabel("mean accuracy on earlier tasks (retention)")
+    ax.set_title("Retention vs. learning, one point per learning rate")
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=8, loc="lower left")
+    _save(fig, path)

@@ -1,0 +1,28 @@
+"""Every exported model folder says where it came from: `training_args.json` inside it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_torchrun
+
+pytestmark = pytest.mark.slow
+
+
+def test_sample_and_final_checkpoints_carry_the_resolved_training_args(demo_dir, tmp_path):
+    lines = (demo_dir / "data/sort.train.jsonl").read_text().splitlines()[:32]
+    data = tmp_path / "small.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "run"
+    run_torchrun(
+        "--model-name-or-path", demo_dir / "model", "--data-path", data, "--output-dir", out,
+        "--batch-size", 16, "--max-tokens-per-gpu", 512, "--learning-rate", 1e-3,
+        "--training-mode", "step", "--max-steps", 2, "--min-samples-per-checkpoint", 16,
+        "--save-final-checkpoint",
+    )  # fmt: skip
+    run_args = json.loads((out / "training_args.json").read_text())
+    assert run_args["model_name_or_path"] == str(demo_dir / "model")
+    folders = [out / "hf_format" / "samples_16", out / "hf_format" / "samples_32", out / "final"]
+    for folder in folders:
+        assert json.loads((folder / "training_args.json").read_text()) == run_args, folder
