@@ -22,6 +22,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: this checkout importable, no network, quiet threads."""
     env = dict(os.environ)
+    # In-process runs (a world of one) set these in the test process; a child must pick its own.
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("OMP_NUM_THREADS", "1")

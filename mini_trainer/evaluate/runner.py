@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -75,13 +76,17 @@ def evaluate_model(
     from mini_trainer.batching.collator import collate_packed, plan_step
     from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
     from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.training.method import FullFineTuning
     from mini_trainer.training.model_setup import build_model
 
     dataset = load_eval_dataset(data_path, model_path, max_tokens_per_gpu, runtime)
     stats_fn = chunked_eval_stats
     if chunk_size is not None:
         stats_fn = functools.partial(chunked_eval_stats, chunk_size=chunk_size)
-    model, config = build_model(str(model_path), stats_fn, runtime, False, False)
+    setup = SimpleNamespace(
+        model_name_or_path=str(model_path), activation_checkpointing=False, cpu_offload=False
+    )
+    model, config = build_model(setup, stats_fn, runtime, FullFineTuning())
     model.eval()
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     plan = plan_step(

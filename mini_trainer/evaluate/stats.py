@@ -41,6 +41,11 @@ def chunked_eval_stats(
     num_samples: int,
     ignore_index: int = IGNORE_INDEX,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    rows: Tensor | None = None,
+    bias: Tensor | None = None,
+    logit_scale: float = 1.0,
+    softcap: float | None = None,
 ) -> EvalSums:
     """Loss sum, correct-token count and per-sample all-correct flags of `hidden @ weight.T`.
 
@@ -48,8 +53,10 @@ def chunked_eval_stats(
     shifted within each sample (the collator's `target_ids`), -100 where there is no loss;
     sample_ids (N,) say which of `num_samples` samples each position belongs to. The softmax runs
     in fp32 at least, and the loss is accumulated in fp64. Peak extra memory is one
-    chunk_size x V buffer. Ties in the arg-max go to the lowest token id, as `torch.argmax` (and
-    so a plain `logits.argmax(-1)`) does.
+    chunk_size x V buffer. `rows` (the loss positions, when the caller knows them), `bias`,
+    `logit_scale` and `softcap` are the training loss's keywords: the model's own head transform
+    (training/loss.py `logit_head`) is applied to the logits. Ties in the arg-max go to the
+    lowest token id, as `torch.argmax` (and so a plain `logits.argmax(-1)`) does.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(
@@ -63,7 +70,8 @@ def chunked_eval_stats(
         )
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    rows = (targets != ignore_index).nonzero().squeeze(1)
+    if rows is None:
+        rows = (targets != ignore_index).nonzero().squeeze(1)
     acc_dtype = torch.promote_types(hidden.dtype, torch.float32)
     loss = torch.zeros((), dtype=torch.float64, device=hidden.device)
     correct = torch.zeros((), dtype=torch.int64, device=hidden.device)
@@ -72,6 +80,12 @@ def chunked_eval_stats(
         chunk_rows = rows[start : start + chunk_size]
         t = targets.index_select(0, chunk_rows).long()
         logits = (hidden.index_select(0, chunk_rows) @ weight.T).to(acc_dtype)  # (c, V)
+        if bias is not None:
+            logits += bias.to(acc_dtype)
+        if logit_scale != 1.0:
+            logits *= logit_scale
+        if softcap is not None:
+            logits = softcap * torch.tanh(logits / softcap)
         target_logit = logits.gather(1, t.unsqueeze(1)).squeeze(1)
         right = logits.argmax(dim=1) == t
         loss += (torch.logsumexp(logits, dim=1) - target_logit).double().sum()
