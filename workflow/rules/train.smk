@@ -26,7 +26,7 @@ rule train:
         run_dir=lambda wc: run_dir(wc.method, wc.lr, int(wc.stage)),
         flags=lambda wc: cli_flags(training_options(wc.method, wc.lr, int(wc.stage))),
     log:
-        # Appended to: every attempt of the same run (a crash, then its resume) stays readable.
+        # Per attempt (Snakemake clears it when the job starts); a resumed attempt says so.
         "logs/train/{method}/lr{lr}/stage{stage}/{key}.log",
     benchmark:
         "results/benchmarks/train/{method}/lr{lr}/stage{stage}/{key}.tsv"
@@ -41,4 +41,4 @@ rule train:
         "../envs/mini-trainer.yaml"
     shell:
         "OMP_NUM_THREADS={params.omp_threads} {params.launcher} -m mini_trainer train"
-        " {params.flags} --output-dir {params.run_dir:q} --resume >> {log} 2>&1"
+        " {params.flags} --output-dir {params.run_dir:q} --resume > {log} 2>&1"
