@@ -7,6 +7,7 @@ package through the interpreter that runs Snakemake (`"$MINI_TRAINER_PYTHON" -m 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -21,7 +22,6 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-
 from conftest import REPO_ROOT, subprocess_env
 
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
@@ -263,10 +263,8 @@ def _kill_tree(process: psutil.Process) -> None:
     """SIGKILL a process and every descendant (torchrun starts its workers in new sessions)."""
     victims = [process, *process.children(recursive=True)]
     for victim in victims:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             victim.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(victims, timeout=30)
 
 
