@@ -284,11 +284,10 @@ def trained(tmp_path_factory):
         while killed is None and time.monotonic() < deadline and first.poll() is None:
             states = sorted(workdir.glob("results/train/*/*/stage1/*/state/step_*"))
             if states:
-                job = next(
-                    c for c in psutil.Process(first.pid).children() if "train" in " ".join(
-                        c.cmdline())
-                )  # fmt: skip
-                _kill_tree(job)
+                jobs = psutil.Process(first.pid).children()
+                for job in jobs:
+                    if "mini_trainer train" in " ".join(job.cmdline()):
+                        _kill_tree(job)
                 killed = states[0].parent.parent
             time.sleep(0.05)
         first.wait(timeout=120)
