@@ -148,6 +148,14 @@ def test_dry_run_default_config_plans_the_whole_experiment(tmp_path):
     )  # fmt: skip
 
 
+def test_dry_run_sft_only_example_has_no_osft_job(tmp_path):
+    workdir = make_workdir(tmp_path / "w")
+    args = ("--configfile", "config/examples/demo-sft.yaml", "--replace-workflow-config")
+    counts = rule_counts(planned_jobs(snakemake(workdir, "-n", *args)))
+    assert "osft_svd" not in counts
+    assert counts["train"] == 6 and counts["evaluate"] == (1 + 6) * 3
+
+
 def _example_workdir(tmp_path: Path) -> Path:
     """A workdir with empty stand-ins for the example's model folder and data files."""
     workdir = make_workdir(tmp_path / "w")
