@@ -21,8 +21,7 @@ rule train:
         directory("results/train/{method}/lr{lr}/stage{stage}/{key}/final"),
     params:
         launcher=torchrun_launcher(),
-        # One OpenMP thread per process: Snakemake sets OMP_NUM_THREADS to the job's threads.
-        omp_threads=lambda wc, threads: max(1, threads // config["launch"]["nproc_per_node"]),
+        nproc=config["launch"]["nproc_per_node"],
         run_dir=lambda wc: run_dir(wc.method, wc.lr, int(wc.stage)),
         flags=lambda wc: cli_flags(training_options(wc.method, wc.lr, int(wc.stage))),
     log:
@@ -40,5 +39,8 @@ rule train:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        "OMP_NUM_THREADS={params.omp_threads} {params.launcher} -m mini_trainer train"
+        # Snakemake sets OMP_NUM_THREADS to the job's threads; split them between the processes
+        # (computed here, not as a param, so running with more --cores reruns nothing).
+        "OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
+        " {params.launcher} -m mini_trainer train"
         " {params.flags} --output-dir {params.run_dir:q} --resume > {log} 2>&1"
