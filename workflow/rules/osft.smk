@@ -18,8 +18,9 @@ rule osft_svd:
         source=r"base|[A-Za-z0-9][A-Za-z0-9_-]*/lr[0-9][0-9.e+-]*/stage[1-9][0-9]*/[0-9a-f]+",
         targets=r"default-targets|targets-[0-9a-f]+",
     params:
+        # osft-svd takes the patterns comma-separated (train takes them space-separated).
         patterns=lambda wc: cli_flags(
-            {"target_patterns": svd_target_patterns(wc.targets) or None}
+            {"target_patterns": ",".join(svd_target_patterns(wc.targets)) or None}
         ),
     log:
         "logs/osft_svd/{source}/{targets}.log",
