@@ -264,7 +264,7 @@ def _two_sft_methods() -> dict:
         methods={
             "sft": {"learning_rates": [0.01]},
             "sft_wd": {"learning_rates": [0.01], "training": {"weight_decay": 0.1}},
-        }
+        },
     )
 
 
@@ -386,8 +386,18 @@ def test_full_run_report_has_every_cell(full_run):
     for path in cells.values():
         accuracy = json.loads((full_run / path).read_text())["token_accuracy"]
         assert math.isfinite(accuracy) and 0.0 <= accuracy <= 1.0
+    # The report's own view of the matrix: no cell shown as missing, AA and BWT computed (they
+    # need every cell) for each (method, lr), and one matrix figure each.
     html = report.read_text()
-    assert all(name in html for name in ("sft", "osft", "sort", "sort_desc"))
+    assert 'class="missing"' not in html
+    for method, lr in (("sft", 0.01), ("osft", 0.03)):
+        row = re.search(
+            rf"<tr><td>{method}</td><td>{lr}</td><td class=\"num\">2</td>"
+            r'<td class="num">([0-9.]+)%</td><td class="num">([+-][0-9.]+) pt</td>',
+            html,
+        )
+        assert row, f"no AA/BWT row for {method} lr {lr}"
+        assert (full_run / f"results/report/matrix_{method}_lr{lr}.png").stat().st_size > 0
     runs = [e for e in manifest["entries"] if e["kind"] == "run"]
     assert len(runs) == 4 and all((full_run / e["path"] / "metrics.jsonl").exists() for e in runs)
 
