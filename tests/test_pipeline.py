@@ -191,6 +191,7 @@ def test_example_8gpu_lints_and_dry_runs(tmp_path):
         ({"training": {"max_tokens_per_gpu": 2048, "batch_sise": 8}}, "batch_sise"),
         ({"evaluation": {"max_tokens_per_gpu": 0}}, "max_tokens_per_gpu"),
         ({"lerning_rate": 0.1}, "lerning_rate"),
+        ({"methods": {"base": {"learning_rates": [0.01]}}}, "base"),
         ({"methods": {"sft": {"learning_rates": [0.01], "trainig": {}}}}, "trainig"),
         ({"stages": ["sort", "sortt"]}, "stages[1]"),
         ({"methods": {"x": {"learning_rates": [0.1], "training": {"osft": True}}}},
