@@ -23,7 +23,8 @@ rule demo_assets:
         "../envs/mini-trainer.yaml"
     shell:
         # --force: Snakemake has already removed this rule's outputs; replace any leftovers.
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer demo-assets --out {params.out} --seed {params.seed} --force > {log} 2>&1'
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer demo-assets'
+        " --out {params.out} --seed {params.seed} --force > {log} 2>&1"
 
 
 rule validate:

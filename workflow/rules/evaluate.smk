@@ -30,5 +30,5 @@ rule evaluate:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer evaluate --model {input.model:q} --data {input.data:q} --out {output:q}'
-        " {params.options} > {log} 2>&1"
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer evaluate --model {input.model:q}'
+        " --data {input.data:q} --out {output:q} {params.options} > {log} 2>&1"

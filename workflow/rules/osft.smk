@@ -33,5 +33,5 @@ rule osft_svd:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer osft-svd --model {input.model:q} --out {output:q} {params.patterns}'
-        " > {log} 2>&1"
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer osft-svd --model {input.model:q}'
+        " --out {output:q} {params.patterns} > {log} 2>&1"

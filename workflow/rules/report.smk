@@ -20,7 +20,8 @@ rule manifest:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer manifest --out {output:q} {params.entries} > {log} 2>&1'
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer manifest --out {output:q}'
+        " {params.entries} > {log} 2>&1"
 
 
 rule report:
@@ -46,4 +47,5 @@ rule report:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer report --out {output:q} --manifest {input.manifest:q} > {log} 2>&1'
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer report --out {output:q}'
+        " --manifest {input.manifest:q} > {log} 2>&1"
