@@ -389,5 +389,70 @@ def report(inputs: tuple[Path, ...], out: Path, manifest: Path | None, force: bo
     click.echo(f"wrote {page}")
 
 
+@cli.command("manifest")
+@click.option(
+    "--out",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="MANIFEST.json to write (the input of `mini-trainer report --manifest`).",
+)
+@click.option(
+    "--task",
+    "tasks",
+    multiple=True,
+    required=True,
+    help="A stage's task, in stage order (repeat); also the evaluated tasks.",
+)
+@click.option(
+    "--eval",
+    "evals",
+    multiple=True,
+    type=(str, str, str, str, str),
+    metavar="PATH METHOD LR STAGE TASK",
+    help="An evaluation JSON and its cell; METHOD - LR - STAGE 0 for the base model (repeat).",
+)
+@click.option(
+    "--run",
+    "runs",
+    multiple=True,
+    type=(str, str, str, str),
+    metavar="PATH METHOD LR STAGE",
+    help="A training output folder (metrics.jsonl, training_args.json) (repeat).",
+)
+@click.option(
+    "--data-summary",
+    "data_summaries",
+    multiple=True,
+    type=(str, str),
+    metavar="PATH TASK",
+    help="A `validate` summary JSON of a task's training file (repeat).",
+)
+@click.option("--force", is_flag=True, help="Replace an existing manifest.")
+def manifest(
+    out: Path,
+    tasks: tuple[str, ...],
+    evals: tuple[tuple[str, str, str, str, str], ...],
+    runs: tuple[tuple[str, str, str, str], ...],
+    data_summaries: tuple[tuple[str, str], ...],
+    force: bool,
+) -> None:
+    """Write the report manifest: which file is which cell of the experiment.
+
+    The pipeline's `manifest` rule calls this with every file it produced; by hand, list the
+    evaluation JSONs, run folders and data summaries of an experiment. Paths are written as
+    given and not checked: `report` shows a missing file as a missing cell.
+    """
+    from mini_trainer.manifest import build_manifest, parse_eval, parse_run, write_manifest
+
+    content = build_manifest(
+        list(tasks),
+        [parse_eval(fields) for fields in evals],
+        [parse_run(fields) for fields in runs],
+        list(data_summaries),
+    )
+    write_manifest(out, content, force)
+    click.echo(f"wrote {out} ({len(content['entries'])} entries, {len(tasks)} tasks)")
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")

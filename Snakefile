@@ -1,0 +1,59 @@
+# mini-trainer: the whole experiment as one DAG.
+#
+#   demo_assets -> validate -> osft_svd -> train -> evaluate -> manifest -> report
+#
+# `snakemake --cores N` runs config/config.yaml (the CPU demo); see config/README.md for every
+# key and `--configfile F --replace-workflow-config` to run another config on its own.
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+wildcard_constraints:
+    task=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    method=r"[A-Za-z0-9][A-Za-z0-9_-]*",
+    lr=r"[0-9][0-9.e+-]*",
+    stage=r"[1-9][0-9]*",
+    key=r"[0-9a-f]+",
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/osft.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+# Cheap bookkeeping runs on the submitting host, not as a cluster job.
+localrules:
+    all,
+    trainings,
+    evaluations,
+    manifest,
+
+
+rule all:
+    """Everything: results/report/report.html."""
+    input:
+        "results/report",
+    default_target: True
+
+
+rule trainings:
+    """Target: every final checkpoint (snakemake --cores N trainings)."""
+    input:
+        [final_dir(m, lr, s) for m, lr, s in sweep()],
+
+
+rule evaluations:
+    """Target: every evaluation JSON."""
+    input:
+        [eval_json(source, task) for source in eval_sources() for task in config["stages"]],

@@ -1,0 +1,429 @@
+"""The Snakemake pipeline, run for real with the `snakemake` of this environment.
+
+Each test works in a temporary copy of the workflow (Snakefile, workflow/, config/, profiles/)
+with its own config/config.yaml, so nothing is written into the checkout. Rules import the
+package through the interpreter that runs Snakemake (`"$MINI_TRAINER_PYTHON" -m mini_trainer`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+from conftest import REPO_ROOT, subprocess_env
+
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
+EXAMPLE_8GPU = "config/examples/llama-3.1-8b-8gpu.yaml"
+
+
+def snakemake_command() -> list[str]:
+    """The `snakemake` next to this interpreter (the venv's), else `python -m snakemake`."""
+    beside = Path(sys.executable).parent / "snakemake"
+    return [str(beside)] if beside.exists() else [sys.executable, "-m", "snakemake"]
+
+
+def make_workdir(path: Path, config: dict | None = None) -> Path:
+    """A copy of the workflow in `path`; `config` replaces config/config.yaml when given."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, path / name)
+        else:
+            shutil.copy2(source, path / name)
+    if config is not None:
+        write_config(path, config)
+    return path
+
+
+def write_config(workdir: Path, config: dict, name: str = "config/config.yaml") -> Path:
+    target = workdir / name
+    target.write_text(yaml.safe_dump(config, sort_keys=False))
+    return target
+
+
+def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*snakemake_command(), *args],
+        cwd=workdir,
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def check(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    if result.returncode != 0:
+        raise AssertionError(
+            f"snakemake failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+            f"{result.stderr[-5000:]}"
+        )
+    return result
+
+
+def planned_jobs(dry_run: subprocess.CompletedProcess) -> list[tuple[str, str]]:
+    """(rule, output) of every job a `snakemake -n` run lists."""
+    text = check(dry_run).stdout + dry_run.stderr
+    jobs = []
+    for match in re.finditer(r"^(?:local)?rule (\w+):\n((?:    .*\n)*)", text, re.MULTILINE):
+        output = re.search(r"^    output: (.*)$", match.group(2), re.MULTILINE)
+        jobs.append((match.group(1), output.group(1) if output else ""))
+    return jobs
+
+
+def rule_counts(jobs: list[tuple[str, str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for rule, _ in jobs:
+        counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
+def demo_config(**overrides) -> dict:
+    """A small demo config: two stages, short trainings, states every 4 steps."""
+    config = {
+        "model": "demo",
+        "stages": ["sort", "sort_desc"],
+        "launch": {"nproc_per_node": 2},
+        "training": {
+            "batch_size": 16,
+            "max_tokens_per_gpu": 2048,
+            "training_mode": "step",
+            "max_steps": 24,
+            "num_warmup_steps": 2,
+            "lr_scheduler": "cosine",
+            "save_every_steps": 4,
+            "save_dtype": "float32",
+        },
+        "methods": {"sft": {"learning_rates": [0.01]}},
+    }
+    config.update(overrides)
+    return config
+
+
+# ---------------------------------------------------------------------------------------------
+# Static checks: lint, dry runs, config validation.
+
+
+def test_lint_default_config():
+    result = check(snakemake(REPO_ROOT, "--lint"))
+    assert "Congratulations" in result.stdout + result.stderr
+
+
+def test_dry_run_default_config_plans_the_whole_experiment(tmp_path):
+    """2 methods x 2 learning rates x 3 stages, evaluated with the base model on 3 tasks."""
+    workdir = make_workdir(tmp_path / "w")
+    jobs = planned_jobs(snakemake(workdir, "-n"))
+    assert rule_counts(jobs) == {
+        "demo_assets": 1,
+        "validate": 3,
+        "osft_svd": 1 + 2 * 2,  # the base model's, shared, then stages 2 and 3 per osft lr
+        "train": 12,
+        "evaluate": (1 + 12) * 3,
+        "manifest": 1,
+        "report": 1,
+        "all": 1,
+    }
+    svd_outputs = sorted(out for rule, out in jobs if rule == "osft_svd")
+    assert svd_outputs[0] == "results/osft_svd/base/default-targets"
+    # Stage 2 of each lr starts from that lr's stage 1: its run folder names the SVD.
+    train_outputs = [out for rule, out in jobs if rule == "train"]
+    stage1 = {o.rsplit("/final", 1)[0] for o in train_outputs if "/stage1/" in o}
+    assert all(
+        any(out == f"results/osft_svd/{run.removeprefix('results/train/')}/default-targets"
+            for out in svd_outputs)
+        for run in stage1 if "/osft/" in run
+    )  # fmt: skip
+
+
+def test_dry_run_sft_only_example_has_no_osft_job(tmp_path):
+    workdir = make_workdir(tmp_path / "w")
+    args = ("--configfile", "config/examples/demo-sft.yaml", "--replace-workflow-config")
+    counts = rule_counts(planned_jobs(snakemake(workdir, "-n", *args)))
+    assert "osft_svd" not in counts
+    assert counts["train"] == 6 and counts["evaluate"] == (1 + 6) * 3
+
+
+def _example_workdir(tmp_path: Path) -> Path:
+    """A workdir with empty stand-ins for the example's model folder and data files."""
+    workdir = make_workdir(tmp_path / "w")
+    example = yaml.safe_load((REPO_ROOT / EXAMPLE_8GPU).read_text())
+    (workdir / example["model"]).mkdir(parents=True)
+    for files in example["tasks"].values():
+        for path in files.values():
+            (workdir / path).parent.mkdir(parents=True, exist_ok=True)
+            (workdir / path).touch()
+    return workdir
+
+
+def test_example_8gpu_lints_and_dry_runs(tmp_path):
+    workdir = _example_workdir(tmp_path)
+    args = ("--configfile", EXAMPLE_8GPU, "--replace-workflow-config")
+    check(snakemake(workdir, "--lint", *args))
+    result = snakemake(workdir, "-n", "-p", "--cores", "16", *args)
+    jobs = planned_jobs(result)
+    assert rule_counts(jobs)["train"] == 12
+    assert "demo_assets" not in rule_counts(jobs)
+    command = next(line for line in result.stdout.splitlines() if "torch.distributed.run" in line)
+    assert "--nproc-per-node 8" in command
+    assert "--use-liger-kernels" in command and "--activation-checkpointing" in command
+    assert "--save-dtype bfloat16" in command
+    resources = re.findall(r"resources: .*gpu=(\d+)", result.stdout)
+    assert resources and set(resources) == {"8"}
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"training": {"max_tokens_per_gpu": 2048, "batch_size": "big"}}, "batch_size"),
+        ({"training": {"max_tokens_per_gpu": 2048, "batch_sise": 8}}, "batch_sise"),
+        ({"evaluation": {"max_tokens_per_gpu": 0}}, "max_tokens_per_gpu"),
+        ({"lerning_rate": 0.1}, "lerning_rate"),
+        ({"methods": {"base": {"learning_rates": [0.01]}}}, "base"),
+        ({"methods": {"sft": {"learning_rates": [0.01], "trainig": {}}}}, "trainig"),
+        ({"stages": ["sort", "sortt"]}, "stages[1]"),
+        ({"methods": {"x": {"learning_rates": [0.1], "training": {"osft": True}}}},
+         "methods.x.training.osft_unfreeze_rank_ratio"),
+    ],
+)  # fmt: skip
+def test_bad_config_fails_at_once_naming_the_key(tmp_path, change, key):
+    workdir = make_workdir(tmp_path / "w")
+    config = yaml.safe_load((workdir / "config/config.yaml").read_text())
+    config.update(change)
+    write_config(workdir, config)
+    result = snakemake(workdir, "-n", timeout=120)
+    assert result.returncode != 0
+    message = result.stdout + result.stderr
+    assert key in message, message[-3000:]
+    assert not (workdir / "results").exists()
+
+
+def test_config_keys_cover_the_training_flags():
+    """Every TrainingArgs field is a config option or set by the pipeline, and no option is
+    unknown to the engine."""
+    from mini_trainer.training_args import TrainingArgs
+
+    schema = yaml.safe_load((REPO_ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    options = set(schema["$defs"]["training_options"]["properties"])
+    set_by_pipeline = {
+        "model_name_or_path", "data_path", "data_index", "output_dir", "learning_rate",
+        "resume", "save_final_checkpoint", "osft_svd_cache", "wandb_run_name",
+    }  # fmt: skip
+    fields = {f for f in TrainingArgs.__dataclass_fields__}
+    assert options <= fields
+    assert options | set_by_pipeline == fields
+
+
+def test_demo_tasks_match_the_package():
+    from mini_trainer.demo.tasks import TASKS
+
+    common = (REPO_ROOT / "workflow/rules/common.smk").read_text()
+    listed = re.search(r"^DEMO_TASKS = (\[.*\])$", common, re.MULTILINE).group(1)
+    assert json.loads(listed) == list(TASKS)
+
+
+def test_run_key_follows_the_options(tmp_path):
+    """A changed training option (or an upstream stage's) moves the run folder: a fresh run."""
+    workdir = make_workdir(tmp_path / "w", demo_config())
+
+    def train_outputs() -> dict[str, str]:
+        jobs = planned_jobs(snakemake(workdir, "-n", "trainings"))
+        return {out.split("/")[4]: out for rule, out in jobs if rule == "train"}
+
+    before = train_outputs()
+    assert set(before) == {"stage1", "stage2"}
+    write_config(workdir, demo_config(stages=["sort", "sort_plus1"]))
+    changed_stage2 = train_outputs()
+    assert changed_stage2["stage1"] == before["stage1"]
+    assert changed_stage2["stage2"] != before["stage2"]
+    config = demo_config()
+    config["training"]["max_steps"] = 25
+    write_config(workdir, config)
+    changed_all = train_outputs()
+    assert all(changed_all[s] != before[s] for s in before)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training for real (what exists today: demo_assets, validate, train): kill, resume, reruns.
+
+
+def _two_sft_methods() -> dict:
+    return demo_config(
+        stages=["sort"],
+        methods={
+            "sft": {"learning_rates": [0.01]},
+            "sft_wd": {"learning_rates": [0.01], "training": {"weight_decay": 0.1}},
+        },
+    )
+
+
+def _kill_tree(process: psutil.Process) -> None:
+    """SIGKILL a process and every descendant (torchrun starts its workers in new sessions)."""
+    victims = [process, *process.children(recursive=True)]
+    for victim in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.send_signal(signal.SIGKILL)
+    psutil.wait_procs(victims, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The `trainings` target of a two-method demo, with its first training job SIGKILLed
+    (torchrun and its workers) once it has saved a state, then the same command run again."""
+    workdir = make_workdir(tmp_path_factory.mktemp("trained"), _two_sft_methods())
+    command = [*snakemake_command(), "--cores", "2", "trainings"]
+    log = (workdir / "first.log").open("w")
+    first = subprocess.Popen(
+        command, cwd=workdir, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT
+    )
+    killed = None
+    deadline = time.monotonic() + 600
+    try:
+        while killed is None and time.monotonic() < deadline and first.poll() is None:
+            states = sorted(workdir.glob("results/train/*/*/stage1/*/state/step_*"))
+            if states:
+                jobs = psutil.Process(first.pid).children()
+                for job in jobs:
+                    if "mini_trainer train" in " ".join(job.cmdline()):
+                        _kill_tree(job)
+                killed = states[0].parent.parent
+            time.sleep(0.05)
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            _kill_tree(psutil.Process(first.pid))
+        log.close()
+    assert killed is not None, (workdir / "first.log").read_text()[-3000:]
+    assert first.returncode != 0
+    assert not (killed / "final").exists()
+    second = check(snakemake(workdir, "--cores", "2", "trainings"))
+    return {"workdir": workdir, "killed": killed, "second": second}
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_its_state(trained):
+    killed = trained["killed"]
+    parts = killed.relative_to(trained["workdir"]).parts  # results/train/M/lrX/stage1/KEY
+    log = trained["workdir"] / "logs" / Path(*parts[1:]).with_suffix(".log")
+    text = log.read_text()
+    match = re.search(r"resumed from \S*state/step_(\d+) \(step (\d+)\)", text)
+    assert match, text[-3000:]
+    assert 4 <= int(match.group(2)) < 24
+    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").open()]
+    assert steps == list(range(1, 25))
+    assert (killed / "final" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_second_run_does_nothing(trained):
+    result = check(snakemake(trained["workdir"], "-n", "trainings"))
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_one_method_change_reruns_only_that_method(trained):
+    workdir = trained["workdir"]
+    config = _two_sft_methods()
+    config["methods"]["sft_wd"]["training"]["weight_decay"] = 0.2
+    changed = write_config(workdir, config, "config/changed.yaml")
+    jobs = planned_jobs(
+        snakemake(workdir, "-n", "trainings", "--configfile", str(changed),
+                  "--replace-workflow-config")
+    )  # fmt: skip
+    assert rule_counts(jobs) == {"train": 1, "trainings": 1}
+    assert all("/sft_wd/" in out for rule, out in jobs if rule == "train")
+
+
+# ---------------------------------------------------------------------------------------------
+# The whole DAG (needs `mini-trainer osft-svd`, `evaluate` and `report`).
+
+
+def _full_config() -> dict:
+    return demo_config(
+        methods={
+            "sft": {"learning_rates": [0.01]},
+            "osft": {
+                "learning_rates": [0.03],
+                "training": {"osft": True, "osft_unfreeze_rank_ratio": 0.5},
+            },
+        },
+        training={**demo_config()["training"], "max_steps": 12, "save_every_steps": 6},
+    )
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    workdir = make_workdir(tmp_path_factory.mktemp("full"), _full_config())
+    check(snakemake(workdir, "--cores", "2"))
+    return workdir
+
+
+@pytest.mark.slow
+def test_full_run_report_has_every_cell(full_run):
+    report = full_run / "results/report/report.html"
+    assert report.exists()
+    manifest = json.loads((full_run / "results/manifest.json").read_text())
+    assert manifest["tasks"] == ["sort", "sort_desc"]
+    cells = {
+        (e["method"], e["lr"], e["stage"], e["task"]): e["path"]
+        for e in manifest["entries"]
+        if e["kind"] == "eval"
+    }
+    rows = [(None, None, 0)] + [(m, lr, s) for m, lr in (("sft", 0.01), ("osft", 0.03))
+                                for s in (1, 2)]  # fmt: skip
+    assert set(cells) == {(*row, task) for row in rows for task in manifest["tasks"]}
+    for path in cells.values():
+        accuracy = json.loads((full_run / path).read_text())["token_accuracy"]
+        assert math.isfinite(accuracy) and 0.0 <= accuracy <= 1.0
+    # The report's own view of the matrix: no cell shown as missing, AA and BWT computed (they
+    # need every cell) for each (method, lr), and one matrix figure each.
+    html = report.read_text()
+    assert 'class="missing"' not in html
+    for method, lr in (("sft", 0.01), ("osft", 0.03)):
+        row = re.search(
+            rf"<tr><td>{method}</td><td>{lr}</td><td class=\"num\">2</td>"
+            r'<td class="num">([0-9.]+)%</td><td class="num">([+-][0-9.]+) pt</td>',
+            html,
+        )
+        assert row, f"no AA/BWT row for {method} lr {lr}"
+        assert (full_run / f"results/report/matrix_{method}_lr{lr}.png").stat().st_size > 0
+    runs = [e for e in manifest["entries"] if e["kind"] == "run"]
+    assert len(runs) == 4 and all((full_run / e["path"] / "metrics.jsonl").exists() for e in runs)
+
+
+@pytest.mark.slow
+def test_full_run_second_run_does_nothing(full_run):
+    result = check(snakemake(full_run, "-n"))
+    assert "Nothing to be done" in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_evaluation_change_reruns_only_evaluation_and_report(full_run):
+    config = _full_config()
+    config["evaluation"] = {"max_tokens_per_gpu": 4096}
+    changed = write_config(full_run, config, "config/eval-changed.yaml")
+    jobs = planned_jobs(
+        snakemake(full_run, "-n", "--configfile", str(changed), "--replace-workflow-config")
+    )
+    assert rule_counts(jobs) == {"evaluate": 10, "manifest": 1, "report": 1, "all": 1}
+
+
+@pytest.mark.slow
+def test_snakemake_report_carries_the_report(full_run, tmp_path):
+    out = tmp_path / "report.zip"
+    check(snakemake(full_run, "--report", str(out)))
+    with zipfile.ZipFile(out) as archive:
+        names = archive.namelist()
+    assert any(name.endswith("report.html") for name in names if "/data/" in name), names

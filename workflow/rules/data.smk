@@ -1,0 +1,60 @@
+# Data: the embedded demo (model: demo) and the checks of every training file.
+
+
+rule demo_assets:
+    """The offline demo: a tiny random-init Llama, its tokenizer and the synthetic tasks."""
+    output:
+        model=directory(f"{DEMO_DIR}/model"),
+        data=expand(
+            f"{DEMO_DIR}/data/{{task}}.{{split}}.jsonl", task=DEMO_TASKS, split=["train", "eval"]
+        ),
+    params:
+        out=lambda wc, output: os.path.dirname(output.model),
+        seed=config["demo_seed"],
+    log:
+        "logs/demo_assets.log",
+    benchmark:
+        "results/benchmarks/demo_assets.tsv"
+    threads: 1
+    resources:
+        mem_mb=rule_resource("demo_assets", "mem_mb"),
+        runtime=rule_resource("demo_assets", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        # --force: Snakemake has already removed this rule's outputs; replace any leftovers.
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer demo-assets'
+        " --out {params.out} --seed {params.seed} --force > {log} 2>&1"
+
+
+rule validate:
+    """Check every line of a task's training file and write the lengths index training reads."""
+    input:
+        data=lambda wc: task_file(wc.task, "train"),
+        model=base_model(),
+    output:
+        index=data_index("{task}"),
+        summary=report(
+            data_summary("{task}"),
+            caption="../report/data_summary.rst",
+            category="Data",
+            labels={"task": "{task}"},
+        ),
+    params:
+        max_tokens_per_gpu=config["training"]["max_tokens_per_gpu"],
+        on_long=config["data"]["on_long"],
+    log:
+        "logs/validate/{task}.log",
+    benchmark:
+        "results/benchmarks/validate/{task}.tsv"
+    threads: rule_threads("validate", 1)
+    resources:
+        mem_mb=rule_resource("validate", "mem_mb"),
+        runtime=rule_resource("validate", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer validate {input.data:q} --model {input.model:q}'
+        " --max-tokens-per-gpu {params.max_tokens_per_gpu} --on-long {params.on_long}"
+        " --workers {threads} --out-index {output.index:q} --out-summary {output.summary:q}"
+        " > {log} 2>&1"

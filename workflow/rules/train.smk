@@ -1,0 +1,46 @@
+# Training: one torchrun job per (method, learning rate, stage).
+#
+# The run folder results/train/{method}/lr{lr}/stage{i}/{key}/ holds the resumable state
+# (state/step_K/, metrics.jsonl, training_args.json); only its final/ is a declared output.
+# Snakemake deletes a job's declared outputs before it reruns the job, so the state survives
+# a crash or a preemption, and the job always runs with --resume: run the same snakemake command
+# again and training continues from the last state/step_K/.
+#
+# {key} is a hash of everything that defines the run (`run_key` in common.smk): the resolved
+# options, which name the starting checkpoint (so a change upstream changes every later stage's
+# key too), the data, and the launch geometry. Changed options therefore get a new, empty
+# folder and train from scratch, instead of resuming a state that another configuration wrote.
+# Old folders are left in place (delete them by hand).
+
+
+rule train:
+    """Fine-tune from the stage's starting weights on the stage's task (torchrun, FSDP2)."""
+    input:
+        unpack(train_inputs),
+    output:
+        directory("results/train/{method}/lr{lr}/stage{stage}/{key}/final"),
+    params:
+        launcher=torchrun_launcher(),
+        nproc=config["launch"]["nproc_per_node"],
+        run_dir=lambda wc: run_dir(wc.method, wc.lr, int(wc.stage)),
+        flags=lambda wc: cli_flags(training_options(wc.method, wc.lr, int(wc.stage))),
+    log:
+        # Per attempt (Snakemake clears it when the job starts); a resumed attempt says so.
+        "logs/train/{method}/lr{lr}/stage{stage}/{key}.log",
+    benchmark:
+        "results/benchmarks/train/{method}/lr{lr}/stage{stage}/{key}.tsv"
+    threads: train_threads()
+    resources:
+        mem_mb=rule_resource("train", "mem_mb"),
+        runtime=rule_resource("train", "runtime"),
+        nodes=config["launch"]["nodes"],
+        tasks=config["launch"]["nodes"],
+        gpu=config["launch"]["gpus_per_node"],
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        # Snakemake sets OMP_NUM_THREADS to the job's threads; split them between the processes
+        # (computed here, not as a param, so running with more --cores reruns nothing).
+        "OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
+        " {params.launcher} -m mini_trainer train"
+        " {params.flags} --output-dir {params.run_dir:q} --resume > {log} 2>&1"
