@@ -29,11 +29,18 @@ class TrainingFailed(RuntimeError):
 
 def build_command(torchrun_args: TorchrunArgs, training_args: TrainingArgs) -> list[str]:
     """The torchrun command line for these arguments."""
+    return torchrun_command(torchrun_args, to_cli_args(training_args))
+
+
+def torchrun_command(
+    torchrun_args: TorchrunArgs, train_flags: list[str], python: str = sys.executable
+) -> list[str]:
+    """`PYTHON -m torch.distributed.run TORCHRUN_ARGS -m mini_trainer.train TRAIN_FLAGS`."""
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        python, "-m", "torch.distributed.run",
         *torchrun_args.to_cli_args(),
         "-m", "mini_trainer.train",
-        *to_cli_args(training_args),
+        *train_flags,
     ]  # fmt: skip
 
 
