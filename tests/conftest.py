@@ -79,3 +79,7 @@ def run_torchrun(
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+# The session's one-machine Slurm cluster (tests/slurm/): skipped where it cannot run.
+from slurm.harness import slurm_cluster  # noqa: E402, F401

@@ -106,6 +106,20 @@ sed -i '/^UpTime=/d' "$dir/slurm.conf"
 printf 'export SLURM_CONF=%q\n' "$dir/slurm.conf" >"$dir/env"
 export SLURM_CONF="$dir/slurm.conf"
 
+# The Snakemake Slurm plugin's job step drops every SLURM_* variable (SLURM_CONF too) before it
+# runs srun inside a job, so that srun reads the default /etc/slurm/slurm.conf. Point the default
+# at this cluster, unless a real (not symlinked) configuration is there; stop.sh removes the link.
+default_conf=/etc/slurm/slurm.conf
+if [ ! -e "$default_conf" ] || [ -L "$default_conf" ]; then
+  if [ -L "$default_conf" ] && [ -e "$default_conf" ]; then
+    echo "start.sh: warning: $default_conf pointed to $(readlink "$default_conf"); now to this cluster" >&2
+  fi
+  mkdir -p /etc/slurm
+  ln -sfn "$dir/slurm.conf" "$default_conf"
+else
+  echo "start.sh: warning: $default_conf is a real file; Snakemake's Slurm plugin will use it" >&2
+fi
+
 fail() {
   echo "start.sh: $*" >&2
   for f in "$dir"/log/*.log "$dir"/munge/munged.log; do

@@ -3,6 +3,10 @@
 # (slurmd, slurmctld, munged), then SIGKILL to any still alive after 10 s. Never by name.
 set -uo pipefail
 dir=${1:?usage: stop.sh DIR}
+dir=$(cd "$dir" 2>/dev/null && pwd) || exit 0
+if [ "$(readlink /etc/slurm/slurm.conf 2>/dev/null)" = "$dir/slurm.conf" ]; then
+  rm -f /etc/slurm/slurm.conf   # the default-config link start.sh made
+fi
 pids=()
 for name in slurmd slurmctld munged; do
   file="$dir/pids/$name.pid"
