@@ -115,7 +115,9 @@ def plan_launch(
 
     job_id = _int(env, "SLURM_JOB_ID")
     if "SLURM_STEP_ID" not in env:
-        return LaunchPlan("srun", _srun_argv(env, python, nproc_per_node, rdzv_port, train_flags), None)
+        return LaunchPlan(
+            "srun", _srun_argv(env, python, nproc_per_node, rdzv_port, train_flags), None
+        )
 
     step_id = _int(env, "SLURM_STEP_ID")
     tasks = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))

@@ -63,7 +63,13 @@ def reference(demo_dir, tmp_path_factory) -> Path:
 
 def test_first_host_matches_scontrol(slurm_cluster):
     env = subprocess_env()
-    for nodelist in ["vm", "gpu[003-005,010],cpu1", "rack[1-2]-n[07-09]", "a-1,b[2-3]"]:
+    for nodelist in [
+        "vm",
+        "gpu[010,003]",
+        "gpu[003-005,010],cpu1",
+        "rack[1-2]-n[07-09]",
+        "a-1,b[2-3]",
+    ]:
         hosts = slurm_cluster.run("scontrol", "show", "hostnames", nodelist, env=env).stdout
         assert first_host(nodelist) == hosts.split()[0], nodelist
 
@@ -96,9 +102,7 @@ def test_two_tasks_rendezvous_like_two_nodes(slurm_cluster, demo_dir, reference,
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6, abs=0)
 
 
-def test_sigterm_saves_state_and_resubmission_resumes(
-    slurm_cluster, demo_dir, reference, tmp_path
-):
+def test_sigterm_saves_state_and_resubmission_resumes(slurm_cluster, demo_dir, reference, tmp_path):
     """scancel --signal=TERM mid-run: state saved; the same job again resumes to equal weights."""
     out = tmp_path / "run"
     script = job_script(tmp_path, 2, train_flags(demo_dir, out))
