@@ -245,12 +245,12 @@ def launch(
     import os
     import shlex
 
-    from mini_trainer.distributed.slurm import plan_launch
+    from mini_trainer.distributed.slurm import plan_launch, with_allocation
     from mini_trainer.training_args import parse_training_args
 
     flags = list(train_args)
     parse_training_args(flags)  # a bad flag fails here, before any process or node starts
-    plan = plan_launch(os.environ, nproc_per_node, flags, rdzv_port=rdzv_port)
+    plan = plan_launch(with_allocation(os.environ), nproc_per_node, flags, rdzv_port=rdzv_port)
     if dry_run:
         click.echo(shlex.join(plan.argv))
         return

@@ -12,8 +12,10 @@ from mini_trainer.distributed.slurm import (
     PORT_BASE,
     PORT_SPAN,
     first_host,
+    parse_scontrol_job,
     plan_launch,
     rendezvous_port,
+    with_allocation,
 )
 from mini_trainer.errors import UserError
 
@@ -40,18 +42,51 @@ def test_batch_script_fans_out_with_srun_and_passes_cpus_per_task():
     assert plan.mode == "srun"
     assert plan.torchrun is None
     assert plan.argv == [
-        "srun", "--kill-on-bad-exit=1", "--cpus-per-task=16",
+        "srun", "--kill-on-bad-exit=1", "--ntasks=4", "--cpus-per-task=16",
         PY, "-m", "mini_trainer", "launch", "--nproc-per-node", "8", "--rdzv-port", "29400",
         "--", *FLAGS,
     ]  # fmt: skip
 
 
 def test_batch_script_without_task_variables_lets_srun_use_the_allocation():
-    # Snakemake's job step drops SLURM_* except the job id before it runs a rule's command.
     plan = plan_launch({"SLURM_JOB_ID": "5"}, 2, FLAGS, python=PY)
     assert plan.mode == "srun"
-    assert plan.argv[:2] == ["srun", "--kill-on-bad-exit=1"]
-    assert not any(a.startswith("--cpus-per-task") for a in plan.argv)
+    assert plan.argv[:3] == ["srun", "--kill-on-bad-exit=1", PY]
+
+
+SCONTROL = (
+    "JobId=17 JobName=x UserId=root(0) GroupId=root(0) JobState=RUNNING Reason=None "
+    "NumNodes=4 NumCPUs=256 NumTasks=4 CPUs/Task=64 ReqB:S:C:T=0:0:*:* "
+    "TRES=cpu=256,mem=100G,node=4,billing=256,gres/gpu=32 Socks/Node=* MinCPUsNode=64"
+)
+
+
+def test_parse_scontrol_job_gives_the_batch_variables():
+    assert parse_scontrol_job(SCONTROL) == {
+        "SLURM_NNODES": "4", "SLURM_NTASKS": "4", "SLURM_CPUS_PER_TASK": "64",
+    }  # fmt: skip
+    assert parse_scontrol_job("JobId=3 NumNodes=1-2 NumTasks=2 CPUs/Task=N/A") == {
+        "SLURM_NTASKS": "2"
+    }
+
+
+def test_snakemake_stripped_batch_env_completed_from_scontrol_fans_out_per_task():
+    # Snakemake's job step drops SLURM_* except the job id; scontrol fills them back in.
+    env = {"SLURM_JOB_ID": "17", **parse_scontrol_job(SCONTROL)}
+    plan = plan_launch(env, 8, FLAGS, python=PY)
+    assert plan.argv[:5] == [
+        "srun",
+        "--kill-on-bad-exit=1",
+        "--nodes=4",
+        "--ntasks=4",
+        "--cpus-per-task=64",
+    ]
+
+
+def test_with_allocation_leaves_complete_or_non_batch_environments_alone():
+    for env in ({}, {"SLURM_JOB_ID": "1", "SLURM_STEP_ID": "0"},
+                {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "2"}):  # fmt: skip
+        assert with_allocation(env) == env  # no scontrol call: there is none here
 
 
 def task_env(procid: int, **extra: str) -> dict[str, str]:

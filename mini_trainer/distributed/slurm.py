@@ -6,9 +6,11 @@ TRAIN_FLAGS` in one of three ways, decided by `plan_launch` from the SLURM_* var
 
 - no Slurm job (`SLURM_JOB_ID` unset): `torchrun --standalone`, P processes on this machine.
 - in a job but not in a job step (the batch script, or a Snakemake job with `mpi="srun"`):
-  re-run this same command under `srun`, which starts one task per node of the allocation
-  (the job's `--ntasks`). Training always runs in a job step, so Slurm's signals (`scancel
-  --signal=TERM`, `--signal=TERM@<seconds>` before the time limit) reach it.
+  re-run this same command under `srun` with the job's `--nodes`, `--ntasks` and
+  `--cpus-per-task` (one task per node on a real cluster). Snakemake's job step removes those
+  variables, so `with_allocation` asks `scontrol show job` for them first. Training always
+  runs in a job step, so Slurm's signals (`scancel --signal=TERM`, `--signal=TERM@<seconds>`
+  before the time limit) reach it.
 - in a job step (`SLURM_STEP_ID` set), one task of N: torchrun with `--nnodes N`, `--node-rank
   $SLURM_PROCID` and a c10d rendezvous on the first host of the step's node list, at a port
   derived from the job and step ids; task 0 hosts the rendezvous store. With N == 1, standalone.
@@ -22,6 +24,7 @@ task would match the first host's name.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +82,49 @@ def rendezvous_port(job_id: int, step_id: int) -> int:
     set MINI_TRAINER_RDZV_PORT where they must never collide.
     """
     return PORT_BASE + (job_id * 7919 + step_id) % PORT_SPAN
+
+
+SCONTROL_FIELDS = {
+    "NumNodes": "SLURM_NNODES",
+    "NumTasks": "SLURM_NTASKS",
+    "CPUs/Task": "SLURM_CPUS_PER_TASK",
+}
+"""`scontrol show job` fields that stand in for the batch job's SLURM_* variables."""
+
+
+def parse_scontrol_job(text: str) -> dict[str, str]:
+    """The allocation's node, task and CPU-per-task counts from `scontrol show job -o ID`,
+    as the SLURM_* variables a batch script would have."""
+    found = dict(re.findall(r"(?:^|\s)([A-Za-z/]+)=(\S*)", text))
+    return {
+        var: found[key]
+        for key, var in SCONTROL_FIELDS.items()
+        if re.fullmatch(r"[0-9]+", found.get(key, ""))
+    }
+
+
+def with_allocation(env: Mapping[str, str]) -> dict[str, str]:
+    """`env`, completed from `scontrol show job` when a batch job lost its SLURM_* variables.
+
+    Snakemake's Slurm job step keeps only SLURM_JOB_ID (and a few names) when it runs a rule's
+    command, so the job's task count must be asked of Slurm; without it srun would start one
+    task per node, wrong for several tasks per node and silent about it.
+    """
+    out = dict(env)
+    if not env.get("SLURM_JOB_ID") or "SLURM_STEP_ID" in env or env.get("SLURM_NTASKS"):
+        return out
+    result = subprocess.run(
+        ["scontrol", "show", "job", "-o", env["SLURM_JOB_ID"]],
+        capture_output=True,
+        text=True,
+        env=dict(env),
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise UserError(f"scontrol show job {env['SLURM_JOB_ID']}: {result.stderr.strip()}")
+    for name, value in parse_scontrol_job(result.stdout).items():
+        out.setdefault(name, value)
+    return out
 
 
 def _int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
@@ -151,13 +197,19 @@ def _srun_argv(
 ) -> list[str]:
     """`srun` over the whole allocation, running this launcher again in each task.
 
-    Since Slurm 22.05 srun no longer inherits the batch job's --cpus-per-task, so it is passed
-    on explicitly; --kill-on-bad-exit stops the other tasks (waiting at the rendezvous) when one
-    fails.
+    The job's nodes, tasks and CPUs per task are passed on explicitly: since Slurm 22.05 srun no
+    longer inherits --cpus-per-task from the batch job, and under Snakemake the variables are
+    gone (see `with_allocation`). --kill-on-bad-exit stops the other tasks (waiting at the
+    rendezvous) when one fails.
     """
     argv = ["srun", "--kill-on-bad-exit=1"]
-    if env.get("SLURM_CPUS_PER_TASK"):
-        argv.append(f"--cpus-per-task={_int(env, 'SLURM_CPUS_PER_TASK')}")
+    for name, flag in (
+        ("SLURM_NNODES", "--nodes"),
+        ("SLURM_NTASKS", "--ntasks"),
+        ("SLURM_CPUS_PER_TASK", "--cpus-per-task"),
+    ):
+        if env.get(name):
+            argv.append(f"{flag}={_int(env, name)}")
     argv += [python, "-m", "mini_trainer", "launch", "--nproc-per-node", str(nproc_per_node)]
     if rdzv_port:
         argv += ["--rdzv-port", str(rdzv_port)]

@@ -42,13 +42,26 @@ def metrics(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
 
-def job_script(folder: Path, nproc: int, flags: list[str]) -> Path:
+# What Snakemake's Slurm job step (snakemake-executor-plugin-slurm-jobstep 0.6) does before it
+# runs a rule's command: drop every SLURM_* variable but these, SLURM_CONF and SLURM_NTASKS too.
+LIKE_SNAKEMAKE_JOBSTEP = """
+for v in $(compgen -e | grep '^SLURM_'); do
+  case $v in
+    SLURM_JOB_ID|SLURM_JOBID|SLURM_CLUSTER_NAME|SLURM_SUBMIT_DIR|SLURM_SUBMIT_HOST) ;;
+    *) unset "$v" ;;
+  esac
+done
+"""
+
+
+def job_script(folder: Path, nproc: int, flags: list[str], like_snakemake: bool = False) -> Path:
     """A batch script that runs `mini-trainer launch` (the training rule's command)."""
     script = folder / "job.sh"
     args = " ".join(f"'{a}'" for a in flags)
     script.write_text(
         "#!/bin/bash\n"
-        f"exec '{sys.executable}' -m mini_trainer launch --nproc-per-node {nproc} -- {args}\n"
+        + (LIKE_SNAKEMAKE_JOBSTEP if like_snakemake else "")
+        + f"exec '{sys.executable}' -m mini_trainer launch --nproc-per-node {nproc} -- {args}\n"
     )
     return script
 
@@ -75,9 +88,13 @@ def test_first_host_matches_scontrol(slurm_cluster):
 
 
 def test_two_tasks_rendezvous_like_two_nodes(slurm_cluster, demo_dir, reference, tmp_path):
-    """2 Slurm tasks x 1 process = one 2-process job: step 1's loss and grad norm match."""
+    """2 Slurm tasks x 1 process = one 2-process job: step 1's loss and grad norm match.
+
+    The batch script drops the SLURM_* variables as Snakemake's job step does for a rule with
+    `mpi="srun"`, so the launcher must find the task count itself.
+    """
     out = tmp_path / "run"
-    script = job_script(tmp_path, 1, train_flags(demo_dir, out, steps=1))
+    script = job_script(tmp_path, 1, train_flags(demo_dir, out, steps=1), like_snakemake=True)
     log = tmp_path / "job.log"
     env = subprocess_env()
     job = slurm_cluster.sbatch(
@@ -88,7 +105,10 @@ def test_two_tasks_rendezvous_like_two_nodes(slurm_cluster, demo_dir, reference,
     text = log.read_text(errors="replace")
     assert (state, code) == ("COMPLETED", "0:0"), text[-3000:]
     # One srun fan-out, then one torchrun per task, node ranks 0 and 1, one store host.
-    assert text.count("mini-trainer launch (srun)") == 1
+    assert (
+        text.count("mini-trainer launch (srun): srun --kill-on-bad-exit=1 --nodes=1 --ntasks=2")
+        == 1
+    )
     tasks = [line for line in text.splitlines() if "mini-trainer launch (slurm-task)" in line]
     assert len(tasks) == 2, text[-3000:]
     assert sorted("--node-rank 0" in t for t in tasks) == [False, True]
