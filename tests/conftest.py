@@ -81,5 +81,7 @@ def run_torchrun(
     return result
 
 
-# The session's one-machine Slurm cluster (tests/slurm/): skipped where it cannot run.
+# The session's one-machine Slurm cluster (tests/slurm/, skipped where it cannot run), and the
+# reference training run its tests compare with.
+from slurm.common import slurm_reference_run  # noqa: E402, F401
 from slurm.harness import slurm_cluster  # noqa: E402, F401

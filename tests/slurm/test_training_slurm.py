@@ -7,40 +7,19 @@ rendezvous on the first host, exactly as on N real nodes with one task each.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_torchrun, subprocess_env
+from conftest import subprocess_env
 from safetensors.torch import load_file
 
 from mini_trainer.distributed.slurm import first_host
+from slurm.common import STEPS, metrics, train_flags
 
 pytestmark = pytest.mark.slow
-
-STEPS = 12
-
-
-def train_flags(demo_dir: Path, out: Path, steps: int = STEPS) -> list[str]:
-    return [
-        "--model-name-or-path", str(demo_dir / "model"),
-        "--data-path", str(demo_dir / "data" / "sort.train.jsonl"),
-        "--output-dir", str(out),
-        "--batch-size", "16", "--max-tokens-per-gpu", "1024", "--learning-rate", "0.01",
-        "--training-mode", "step", "--max-steps", str(steps), "--save-dtype", "float32",
-        "--save-final-checkpoint", "--resume",
-    ]  # fmt: skip
-
-
-def metrics(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
 
 # What Snakemake's Slurm job step (snakemake-executor-plugin-slurm-jobstep 0.6) does before it
 # runs a rule's command: drop every SLURM_* variable but these, SLURM_CONF and SLURM_NTASKS too.
@@ -66,14 +45,6 @@ def job_script(folder: Path, nproc: int, flags: list[str], like_snakemake: bool 
     return script
 
 
-@pytest.fixture(scope="module")
-def reference(demo_dir, tmp_path_factory) -> Path:
-    """An uninterrupted 2-process single-node run (plain torchrun), the one to match."""
-    out = tmp_path_factory.mktemp("reference") / "run"
-    run_torchrun(*train_flags(demo_dir, out), nproc=2, timeout=300)
-    return out
-
-
 def test_first_host_matches_scontrol(slurm_cluster):
     env = subprocess_env()
     for nodelist in [
@@ -87,7 +58,9 @@ def test_first_host_matches_scontrol(slurm_cluster):
         assert first_host(nodelist) == hosts.split()[0], nodelist
 
 
-def test_two_tasks_rendezvous_like_two_nodes(slurm_cluster, demo_dir, reference, tmp_path):
+def test_two_tasks_rendezvous_like_two_nodes(
+    slurm_cluster, demo_dir, slurm_reference_run, tmp_path
+):
     """2 Slurm tasks x 1 process = one 2-process job: step 1's loss and grad norm match.
 
     The batch script drops the SLURM_* variables as Snakemake's job step does for a rule with
@@ -115,14 +88,16 @@ def test_two_tasks_rendezvous_like_two_nodes(slurm_cluster, demo_dir, reference,
     assert all("--nnodes 2 --nproc-per-node 1" in t for t in tasks)
     assert sum("is_host=true" in t for t in tasks) == 1
     assert "2 ranks on cpu" in text
-    got, want = metrics(out)[0], metrics(reference)[0]
+    got, want = metrics(out)[0], metrics(slurm_reference_run)[0]
     assert got["step"] == want["step"] == 1
     assert got["num_loss_tokens"] == want["num_loss_tokens"]
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=0)
     assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-6, abs=0)
 
 
-def test_sigterm_saves_state_and_resubmission_resumes(slurm_cluster, demo_dir, reference, tmp_path):
+def test_sigterm_saves_state_and_resubmission_resumes(
+    slurm_cluster, demo_dir, slurm_reference_run, tmp_path
+):
     """scancel --signal=TERM mid-run: state saved; the same job again resumes to equal weights."""
     out = tmp_path / "run"
     script = job_script(tmp_path, 2, train_flags(demo_dir, out))
@@ -160,7 +135,7 @@ def test_sigterm_saves_state_and_resubmission_resumes(slurm_cluster, demo_dir, r
     assert f"resumed from {out / 'state' / f'step_{stopped_at}'}" in text
     assert [m["step"] for m in metrics(out)] == list(range(1, STEPS + 1))
     got = load_file(out / "final" / "model.safetensors")
-    want = load_file(reference / "final" / "model.safetensors")
+    want = load_file(slurm_reference_run / "final" / "model.safetensors")
     assert got.keys() == want.keys()
     for name in want:
         assert torch.equal(got[name], want[name]), name
