@@ -22,6 +22,7 @@ from slurm.common import snakemake_slurm
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.timeout(3600),  # a local run, then the same through Slurm
     pytest.mark.skipif(
         not (REPO_ROOT / "Snakefile").exists(), reason="needs the pipeline (no Snakefile yet)"
     ),

@@ -58,6 +58,7 @@ def test_profile_dry_run(demo_dir, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_preempted_training_job_is_retried_and_resumes(
     slurm_cluster, demo_dir, slurm_reference_run, tmp_path
 ):
