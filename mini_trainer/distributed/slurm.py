@@ -28,6 +28,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from mini_trainer.api_train import torchrun_command
 from mini_trainer.errors import UserError
@@ -46,8 +47,8 @@ PORT_ENV = "MINI_TRAINER_RDZV_PORT"
 class LaunchPlan:
     """What `launch` will execute, and why."""
 
-    mode: str
-    """"standalone", "srun" (fan out one task per node) or "slurm-task" (one node of N)."""
+    mode: Literal["standalone", "srun", "slurm-task"]
+    """torchrun on this machine; srun fanning out one task per node; or one node of N."""
     argv: list[str]
     """The command to execute in place of this process."""
     torchrun: TorchrunArgs | None
