@@ -38,6 +38,18 @@ def build_command(torchrun_args: TorchrunArgs, training_args: TrainingArgs) -> l
     ]  # fmt: skip
 
 
+def torchrun_command(
+    torchrun_args: TorchrunArgs, train_flags: list[str], python: str = sys.executable
+) -> list[str]:
+    """`PYTHON -m torch.distributed.run TORCHRUN_ARGS -m mini_trainer.train TRAIN_FLAGS`."""
+    return [
+        python, "-m", "torch.distributed.run",
+        *torchrun_args.to_cli_args(),
+        "-m", "mini_trainer.train",
+        *train_flags,
+    ]  # fmt: skip
+
+
 def run_training(torchrun_args: TorchrunArgs, training_args: TrainingArgs, echo=True) -> None:
     """Run the training job to completion; raise `TrainingFailed` if it fails.
 

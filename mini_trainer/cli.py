@@ -454,5 +454,54 @@ def manifest(
     click.echo(f"wrote {out} ({len(content['entries'])} entries, {len(tasks)} tasks)")
 
 
+@cli.command(
+    "launch",
+    context_settings={"ignore_unknown_options": True},
+)
+@click.option(
+    "--nproc-per-node",
+    required=True,
+    type=click.IntRange(min=1),
+    help="Training processes per node (one per GPU, or per CPU slot).",
+)
+@click.option(
+    "--rdzv-port",
+    type=click.IntRange(1, 65535),
+    default=None,
+    help="Rendezvous port on the first host of a multi-node job "
+    "[default: derived from the Slurm job and step ids].",
+)
+@click.option("--dry-run", is_flag=True, help="Print the command instead of running it.")
+@click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
+def launch(
+    nproc_per_node: int, rdzv_port: int | None, dry_run: bool, train_args: tuple[str, ...]
+) -> None:
+    """Start the training job with torchrun, on this machine or across a Slurm allocation.
+
+    TRAIN_ARGS are the training job's flags (see `mini-trainer train --help`), after `--`.
+    Outside Slurm: torchrun --standalone. In a Slurm batch job: srun starts one task per node
+    (the job's --ntasks), and each task runs torchrun with --nnodes, --node-rank and a c10d
+    rendezvous on the first host of the allocation. The same command works on 1 or N nodes.
+    See docs/slurm.md.
+    """
+    import os
+    import shlex
+
+    from mini_trainer.distributed.slurm import plan_launch, with_allocation
+    from mini_trainer.training_args import parse_training_args
+
+    flags = list(train_args)
+    parse_training_args(flags)  # a bad flag fails here, before any process or node starts
+    plan = plan_launch(with_allocation(os.environ), nproc_per_node, flags, rdzv_port=rdzv_port)
+    if dry_run:
+        click.echo(shlex.join(plan.argv))
+        return
+    click.echo(f"mini-trainer launch ({plan.mode}): {shlex.join(plan.argv)}", err=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # exec, not a child: Slurm's and the user's signals go straight to srun or torchrun.
+    os.execvp(plan.argv[0], plan.argv)
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")

@@ -244,6 +244,8 @@ class TorchrunArgs:
     """Rendezvous id shared by the job's nodes."""
     rdzv_endpoint: str = ""
     """host:port of the rendezvous for several nodes; a single node runs standalone."""
+    rdzv_conf: str = ""
+    """Extra rendezvous settings for several nodes, like `is_host=true` (torchrun --rdzv-conf)."""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:
@@ -276,6 +278,7 @@ class TorchrunArgs:
             self.rdzv_id,
             "--rdzv-endpoint",
             self.rdzv_endpoint,
+            *(["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []),
         ]
 
 

@@ -175,3 +175,9 @@ def trained_run(demo_dir, tmp_path_factory):
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return types.SimpleNamespace(out=out, flags=flags, steps=4, result=result)
+
+
+# The session's one-machine Slurm cluster (tests/slurm/, skipped where it cannot run), and the
+# reference training run its tests compare with.
+from slurm.common import slurm_reference_run  # noqa: E402, F401
+from slurm.harness import slurm_cluster  # noqa: E402, F401
