@@ -96,12 +96,6 @@ def _check_config():
         reprs = [lr_str(lr) for lr in method["learning_rates"]]
         if len(set(reprs)) != len(reprs):
             raise ConfigError(f"methods.{name}.learning_rates", "has the same rate twice")
-    if config["launch"]["nodes"] > 1:
-        raise ConfigError(
-            "launch.nodes",
-            "several nodes per training job need the Slurm launcher (profiles/slurm), "
-            "not built yet; use 1",
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,12 +295,30 @@ def cli_flags(options):
 
 
 def torchrun_launcher():
-    """How a training job starts its processes (one node; Slurm multi-node comes later)."""
+    """How a training job starts its processes: `mini-trainer launch` (docs/slurm.md).
+
+    Outside Slurm it is one standalone torchrun; in a Slurm job it starts one torchrun per node
+    through srun, with the rendezvous on the allocation's first host, so one rule serves 1 or N
+    nodes.
+    """
     nproc = config["launch"]["nproc_per_node"]
-    return (
-        '"$MINI_TRAINER_PYTHON" -m torch.distributed.run --standalone --nnodes 1'
-        f" --nproc-per-node {nproc}"
-    )
+    return f'"$MINI_TRAINER_PYTHON" -m mini_trainer launch --nproc-per-node {nproc} --'
+
+
+def train_node_resources():
+    """Slurm resources of a training job: N nodes, one task (one torchrun) per node.
+
+    srun inside the job needs `mpi="srun"` for several tasks (the plugin refuses it for one);
+    GPUs are asked per node with gres, as the plugin's `gpu` would be per job.
+    """
+    nodes = config["launch"]["nodes"]
+    gpus = config["launch"]["gpus_per_node"]
+    resources = {"nodes": nodes, "tasks": nodes}
+    if nodes > 1:
+        resources["mpi"] = "srun"
+    if gpus:
+        resources.update(gres=f"gpu:{gpus}", tasks_per_gpu=0)
+    return resources
 
 
 def train_threads():

@@ -33,14 +33,12 @@ rule train:
     resources:
         mem_mb=rule_resource("train", "mem_mb"),
         runtime=rule_resource("train", "runtime"),
-        nodes=config["launch"]["nodes"],
-        tasks=config["launch"]["nodes"],
-        gpu=config["launch"]["gpus_per_node"],
+        **train_node_resources(),
     conda:
         "../envs/mini-trainer.yaml"
     shell:
         # Snakemake sets OMP_NUM_THREADS to the job's threads; split them between the processes
         # (computed here, not as a param, so running with more --cores reruns nothing).
         "OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
-        " {params.launcher} -m mini_trainer train"
+        " {params.launcher}"
         " {params.flags} --output-dir {params.run_dir:q} --resume > {log} 2>&1"
