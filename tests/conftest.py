@@ -63,7 +63,7 @@ def run_cli(
             [sys.executable, "-m", "mini_trainer", *argv],
             capture_output=True,
             text=True,
-            env=subprocess_env(),
+            env=kwargs.pop("env", None) or subprocess_env(),
             cwd=kwargs.pop("cwd", REPO_ROOT),
             timeout=kwargs.pop("timeout", 600),
             **kwargs,

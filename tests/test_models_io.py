@@ -116,7 +116,7 @@ def test_a_weight_missing_from_the_checkpoint_is_one_clear_error(demo_dir, tmp_p
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert (
-        f"{model}: weights missing from the checkpoint: model.layers.1.mlp.up_proj.weight"
-        in result.stderr
+        f"{model}: the weights do not match config.json: 1 weights missing from the checkpoint: "
+        "model.layers.1.mlp.up_proj.weight" in result.stderr
     )
     assert "Traceback" not in result.stderr

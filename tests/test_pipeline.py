@@ -176,11 +176,11 @@ def test_example_8gpu_lints_and_dry_runs(tmp_path):
     jobs = planned_jobs(result)
     assert rule_counts(jobs)["train"] == 12
     assert "demo_assets" not in rule_counts(jobs)
-    command = next(line for line in result.stdout.splitlines() if "torch.distributed.run" in line)
+    command = next(line for line in result.stdout.splitlines() if "mini_trainer launch" in line)
     assert "--nproc-per-node 8" in command
     assert "--use-liger-kernels" in command and "--activation-checkpointing" in command
     assert "--save-dtype bfloat16" in command
-    resources = re.findall(r"resources: .*gpu=(\d+)", result.stdout)
+    resources = re.findall(r"resources: .*\bgres=gpu:(\d+), tasks_per_gpu=0", result.stdout)
     assert resources and set(resources) == {"8"}
 
 
@@ -296,7 +296,7 @@ def trained(tmp_path_factory):
             if states:
                 jobs = psutil.Process(first.pid).children()
                 for job in jobs:
-                    if "mini_trainer train" in " ".join(job.cmdline()):
+                    if "mini_trainer launch" in " ".join(job.cmdline()):
                         _kill_tree(job)
                 killed = states[0].parent.parent
             time.sleep(0.05)

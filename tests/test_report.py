@@ -85,7 +85,14 @@ def write_experiment(root):
                          "tokens_per_second": 1000.0 + k} for k in range(1, 11)]  # fmt: skip
                 (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
                 (run / "training_args.json").write_text(
-                    json.dumps({"learning_rate": lr, "seed": 0, "method_hint": method})
+                    json.dumps(
+                        {
+                            "learning_rate": lr,
+                            "seed": 0,
+                            "method_hint": method,
+                            "osft_svd_cache": "cache" if method == "osft" else None,
+                        }
+                    )
                 )
                 entries.append({"kind": "run", "path": str(run), "method": method, "lr": lr,
                                 "stage": stage})  # fmt: skip
@@ -145,6 +152,10 @@ def test_report_from_synthetic_runs(tmp_path):
     assert "shared learning rate" in page  # the frontier's note
     assert "81,234" in page and "no such file" in page  # data summaries, one missing
     assert "method_hint" in page and "git commit" in page  # provenance
+    # An unset argument (None) is a value in the table of differing arguments, not a gap.
+    differing = page.split("Arguments that differ between runs:")[1].split("</table>")[0]
+    assert "<td>null</td>" in differing and "<td>cache</td>" in differing
+    assert 'class="missing"' not in differing
     assert "9.9" in page  # versions recorded by evaluate
 
     again = run_cli("report", "--out", out, "--manifest", manifest)

@@ -180,13 +180,21 @@ def load_sharded_weights(
     missing = sorted(set(targets) - loaded)
     if missing or unknown:
         # transformers only warns here; training would start from noise or another model.
-        names = [name.removeprefix(PREFIX) for name in missing + sorted(unknown)]
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        raise UserError(
-            f"{model_path}: the weights do not match config.json ({len(missing)} missing, "
-            f"{len(unknown)} not in the config: {shown})"
-        )
+        parts = [
+            f"{len(names)} {what}: {_first_names(names)}"
+            for what, names in (("weights missing from the checkpoint", missing),
+                                ("checkpoint tensors not in the config", sorted(unknown)))
+            if names
+        ]  # fmt: skip
+        raise UserError(f"{model_path}: the weights do not match config.json: {'; '.join(parts)}")
     init_non_persistent_buffers(module, runtime.device)
+
+
+def _first_names(names: list[str], shown: int = 3) -> str:
+    """The first few tensor names of a list, without the `model.` prefix, and how many more."""
+    names = [name.removeprefix(PREFIX) for name in names]
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
 
 
 def _rank0_stream(model_path, convert_weights):

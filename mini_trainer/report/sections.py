@@ -169,7 +169,8 @@ def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
         differing = [k for k in keys if len({repr(r.args.get(k)) for r in with_args}) > 1]
         common = {k: with_args[0].args.get(k) for k in keys if k not in differing}
         if differing:
-            rows = [[h.text(r.label)] + [h.text(r.args.get(k)) for k in differing]
+            # An argument that is None (unset) is a value here, not a missing number.
+            rows = [[h.text(r.label)] + [h.text(_arg_value(r.args, k)) for k in differing]
                     for r in with_args]  # fmt: skip
             parts.append("<p>Arguments that differ between runs:</p>")
             parts.append(h.table(["run", *differing], rows))
@@ -181,3 +182,11 @@ def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
     if not runs:
         parts.append("<p>No training run given.</p>")
     return "provenance", "Provenance", "".join(parts)
+
+
+def _arg_value(args: dict, key: str) -> str:
+    """How one resolved argument reads in the table: `null` when unset, `(absent)` when the run's
+    training_args.json predates the option."""
+    if key not in args:
+        return "(absent)"
+    return "null" if args[key] is None else str(args[key])
