@@ -482,7 +482,8 @@ def launch(
     Outside Slurm: torchrun --standalone. In a Slurm batch job: srun starts one task per node
     (the job's --ntasks), and each task runs torchrun with --nnodes, --node-rank and a c10d
     rendezvous on the first host of the allocation. The same command works on 1 or N nodes.
-    See docs/slurm.md.
+    torchrun runs as `train --nproc-per-node` runs it: signals forwarded to the workers, each
+    error printed once, exit status 0, 2, 3, 75 or 1 (docs/training.md). See docs/slurm.md.
     """
     import os
     import shlex
@@ -499,8 +500,14 @@ def launch(
     click.echo(f"mini-trainer launch ({plan.mode}): {shlex.join(plan.argv)}", err=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    # exec, not a child: Slurm's and the user's signals go straight to srun or torchrun.
-    os.execvp(plan.argv[0], plan.argv)
+    if plan.torchrun is None:
+        # exec, not a child: Slurm's and the user's signals go straight to srun.
+        os.execvp(plan.argv[0], plan.argv)
+    # torchrun's elastic agent in this process, as `train --nproc-per-node` runs it: signals
+    # forwarded to the workers, each error printed once, the documented exit status.
+    from mini_trainer.training.launcher import launch as launch_workers
+
+    sys.exit(launch_workers(plan.torchrun, flags))
 
 
 def main() -> None:

@@ -94,18 +94,20 @@ def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:
     ]  # fmt: skip
 
 
-def launcher_command(*train_flags, nproc: int = 2) -> list[str]:
-    """`mini-trainer train --nproc-per-node N FLAGS` (the launcher) as an argv list."""
-    return [
-        sys.executable, "-m", "mini_trainer", "train", "--nproc-per-node", str(nproc),
-        *map(str, train_flags),
-    ]  # fmt: skip
+def launcher_command(*train_flags, nproc: int = 2, via: str = "train") -> list[str]:
+    """`mini-trainer train --nproc-per-node N FLAGS` (the launcher) as an argv list; with
+    `via="launch"`, `mini-trainer launch --nproc-per-node N -- FLAGS` (the pipeline's way in,
+    which runs the same launcher)."""
+    head = [sys.executable, "-m", "mini_trainer", via, "--nproc-per-node", str(nproc)]
+    return [*head, *(["--"] if via == "launch" else []), *map(str, train_flags)]
 
 
-def run_launcher(*train_flags, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_launcher(
+    *train_flags, nproc: int = 2, timeout: int = 600, via: str = "train"
+) -> subprocess.CompletedProcess:
     """Run a training job through the launcher; return it whatever its exit status."""
     return subprocess.run(
-        launcher_command(*train_flags, nproc=nproc),
+        launcher_command(*train_flags, nproc=nproc, via=via),
         capture_output=True,
         text=True,
         env=subprocess_env(),

@@ -1,5 +1,6 @@
-"""`mini-trainer train --nproc-per-node N`: one line per error, documented exit statuses, signals
-forwarded to every worker, one job per output folder, and a stop at the first non-finite step."""
+"""`mini-trainer train --nproc-per-node N` (and `launch`, which runs it): one line per error,
+documented exit statuses, signals forwarded to every worker, one job per output folder, and a
+stop at the first non-finite step."""
 
 from __future__ import annotations
 
@@ -90,12 +91,14 @@ def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_path):
+@pytest.mark.parametrize("via", ["train", "launch"])
+def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_path, via):
     data, index, line = _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path)
     flags = {"data-path": data, "data-index": index, "training-mode": "step", "max-steps": 2}
-    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags))
+    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags), via=via)
     assert result.returncode == 2, result.stderr
-    errors = [text for text in result.stderr.splitlines() if "error" in text.lower()]
+    lines = [text for text in result.stderr.splitlines() if not text.startswith("mini-trainer")]
+    errors = [text for text in lines if "error" in text.lower()]
     assert errors == [
         f"error: {data}:{line}: the data no longer matches its index (the file changed after "
         "validation); rerun `mini-trainer validate`"

@@ -49,20 +49,12 @@ def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtim
     """Rank 0 validates the file exactly as `mini-trainer validate` does; every rank gets it."""
     from mini_trainer.data.dataset import IndexedJsonlDataset
     from mini_trainer.data.validate import build_index, read_vocab_size
-    from mini_trainer.training.distributed import broadcast_object
+    from mini_trainer.training.distributed import decided_on_main
 
-    outcome = None
-    if runtime.is_main:
-        try:
-            vocab_size = read_vocab_size(model_path)
-            index, _ = build_index(data_path, vocab_size, max_tokens)
-            outcome = ("ok", index)
-        except UserError as error:
-            outcome = ("error", error.lines)
-    status, payload = broadcast_object(outcome, runtime)
-    if status == "error":
-        raise UserError(*payload)
-    return IndexedJsonlDataset(data_path, payload)
+    def index_on_main():
+        return build_index(data_path, read_vocab_size(model_path), max_tokens)[0]
+
+    return IndexedJsonlDataset(data_path, decided_on_main(index_on_main, runtime))
 
 
 def evaluate_model(

@@ -15,7 +15,7 @@ def load_dataset(args: TrainingArgs, runtime):
     from mini_trainer.data.dataset import IndexedJsonlDataset
     from mini_trainer.data.index_file import index_fit_problem, read_index_metadata
     from mini_trainer.data.validate import build_index, read_vocab_size
-    from mini_trainer.training.distributed import broadcast_object
+    from mini_trainer.training.distributed import decided_on_main
 
     if args.data_index:
         dataset = IndexedJsonlDataset.open(args.data_path, args.data_index)
@@ -28,23 +28,16 @@ def load_dataset(args: TrainingArgs, runtime):
         if problem:
             raise UserError(f"{args.data_index}: --data-index: {problem}")
         return dataset
-    outcome = None
-    if runtime.is_main:
-        hint = (
-            "samples longer than --max-tokens-per-gpu: {count}; to train without them, "
-            f"run mini-trainer validate {args.data_path} --on-long drop --out-index F.parquet "
-            "(with --model and --max-tokens-per-gpu as here), then train with --data-index "
-            "F.parquet"
-        )
-        try:
-            vocab_size = read_vocab_size(args.model_name_or_path)
-            index, _ = build_index(
-                args.data_path, vocab_size, args.max_tokens_per_gpu, long_hint=hint
-            )
-            outcome = ("ok", index)
-        except UserError as error:
-            outcome = ("error", error.lines)
-    status, payload = broadcast_object(outcome, runtime)
-    if status == "error":
-        raise UserError(*payload)
-    return IndexedJsonlDataset(args.data_path, payload)
+    hint = (
+        "samples longer than --max-tokens-per-gpu: {count}; to train without them, "
+        f"run mini-trainer validate {args.data_path} --on-long drop --out-index F.parquet "
+        "(with --model and --max-tokens-per-gpu as here), then train with --data-index "
+        "F.parquet"
+    )
+
+    def index_on_main():
+        vocab_size = read_vocab_size(args.model_name_or_path)
+        return build_index(args.data_path, vocab_size, args.max_tokens_per_gpu, long_hint=hint)[0]
+
+    index = decided_on_main(index_on_main, runtime)
+    return IndexedJsonlDataset(args.data_path, index)

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
+
+from mini_trainer.errors import UserError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,22 @@ def broadcast_object(obj, runtime: Runtime):
     box = [obj if runtime.is_main else None]
     dist.broadcast_object_list(box, src=0, device=runtime.device if runtime.is_cuda else None)
     return box[0]
+
+
+def decided_on_main(decide: Callable[[], T], runtime: Runtime) -> T:
+    """`decide()` run on rank 0 only, its result on every rank. A UserError it raises is raised
+    on every rank too, so all ranks stop with the same one-line message instead of the others
+    waiting in the next collective."""
+    outcome = None
+    if runtime.is_main:
+        try:
+            outcome = ("ok", decide())
+        except UserError as error:
+            outcome = ("error", error.lines)
+    status, payload = broadcast_object(outcome, runtime)
+    if status == "error":
+        raise UserError(*payload)
+    return payload
 
 
 def all_reduce_sum(values: list[float], runtime: Runtime) -> list[float]:

@@ -24,7 +24,7 @@ import torch
 
 from mini_trainer.errors import UserError
 from mini_trainer.training.checkpoint import STATE_PATTERN, TRAINER_STATE
-from mini_trainer.training.distributed import Runtime, broadcast_object
+from mini_trainer.training.distributed import Runtime, decided_on_main
 from mini_trainer.training.fingerprint import MAY_CHANGE_ON_RESUME, differences
 
 log = logging.getLogger("mini_trainer")
@@ -136,16 +136,9 @@ def choose_state(out_dir: Path, fingerprint: dict | None) -> Path | None:
 
 def pick_state(out_dir: Path, resume: bool, fingerprint: dict | None, runtime: Runtime):
     """The state every rank resumes from (None: step 0); rank 0 chooses, errors reach all."""
-    outcome = None
-    if resume and runtime.is_main:
-        try:
-            outcome = ("ok", choose_state(out_dir, fingerprint))
-        except UserError as error:
-            outcome = ("error", error.lines)
-    status, payload = broadcast_object(outcome, runtime) or ("ok", None)
-    if status == "error":
-        raise UserError(*payload)
-    return payload
+    if not resume:  # the same on every rank: no collective needed
+        return None
+    return decided_on_main(lambda: choose_state(out_dir, fingerprint), runtime)
 
 
 def record_start(out_dir: Path, args, resumed_from: Path | None, step: int) -> None:
