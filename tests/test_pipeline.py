@@ -346,6 +346,28 @@ def test_one_method_change_reruns_only_that_method(trained):
     assert all("/sft_wd/" in out for rule, out in jobs if rule == "train")
 
 
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_state_starts_over_and_is_kept(trained):
+    """What a job killed before its first save leaves (steps in metrics.jsonl, no state, no
+    final/): the rerun moves it aside, keeps it, and trains the run from step 1."""
+    workdir = trained["workdir"]
+    (run,) = [p for p in workdir.glob("results/train/*/*/stage1/*") if p != trained["killed"]]
+    shutil.rmtree(run / "final")
+    shutil.rmtree(run / "state")
+    before = (run / "metrics.jsonl").read_text()
+    check(snakemake(workdir, "--cores", "2", "trainings"))
+    (aside,) = run.parent.glob(f"{run.name}.unsaved-*")
+    assert (aside / "metrics.jsonl").read_text() == before  # the earlier attempt, untouched
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
+    assert steps == list(range(1, 25))
+    assert (run / "final" / "config.json").exists()
+    relative = run.relative_to(workdir)
+    log = (workdir / "logs" / Path(*relative.parts[1:]).with_suffix(".log")).read_text()
+    kept = aside.relative_to(workdir)
+    said = f"no saved state in {relative}: the earlier attempt is kept in {kept}, training"
+    assert log.startswith(said), log[:500]
+
+
 # ---------------------------------------------------------------------------------------------
 # The whole DAG (needs `mini-trainer osft-svd`, `evaluate` and `report`).
 
