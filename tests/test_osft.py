@@ -190,6 +190,43 @@ def test_without_the_correction_after_the_step_adamw_leaks_into_the_frozen_subsp
     assert (u_k.T @ delta).norm() > 1e-3 * delta.norm()
 
 
+def test_the_clip_sees_the_projected_gradient(tmp_path):
+    """The gradient norm is logged and clipped after the frozen components are removed: the
+    returned norm is the projected gradient's, and after the clip the gradient's norm is exactly
+    the limit (clipping first and projecting after would leave it below)."""
+    from mini_trainer.osft.projection import remove_frozen_components
+    from mini_trainer.training.optimizer import finish_gradients
+
+    method, model = adapted(tiny_llama(), osft_args(tmp_path))
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+    model(input_ids=ids, labels=ids).loss.backward()
+    # Backprop leaves little of U_low's gradient in the frozen subspace; add some, so that the
+    # order of projection and clip shows in the norms.
+    osft_modules = [m for m in model.modules() if isinstance(m, OSFTLinear)]
+    generator = torch.Generator().manual_seed(2)
+    for m in osft_modules:
+        frozen = m.U_high.shape[1]
+        m.U_low.grad += m.U_high @ torch.randn(frozen, m.U_low.shape[1], generator=generator)
+
+    def total_norm():
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
+
+    raw = total_norm()
+    shadow = {p: p.grad.clone() for p in model.parameters() if p.grad is not None}
+    remove_frozen_components(
+        [(shadow[m.U_low], m.U_high) for m in osft_modules]
+        + [(shadow[m.V_low], m.V_high) for m in osft_modules]
+    )
+    projected = torch.linalg.vector_norm(torch.stack([g.norm() for g in shadow.values()])).item()
+    assert projected < raw * 0.9  # the frozen components are a large part of it
+
+    limit = projected / 10
+    norm = finish_gradients(model, method, grad_clip=limit)
+    assert norm.item() == pytest.approx(projected, rel=1e-5)
+    assert total_norm() == pytest.approx(limit, rel=1e-5)
+
+
 @pytest.mark.parametrize("ratio", [0.0, 1.0])
 def test_ratio_zero_freezes_every_target_and_one_trains_them_all_densely(tmp_path, ratio):
     source = tiny_llama()

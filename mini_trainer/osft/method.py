@@ -5,8 +5,9 @@
   0 < k < r for an `OSFTLinear`. k = r (u = 0) keeps the dense weight, frozen; k = 0 (u = 1) keeps
   it dense and trainable: there is no subspace to protect.
 - convert_weights: a target's dense weight becomes its six factors (from the cache, or an SVD).
-- before/after_optimizer_step: project the low factors' gradients, then the low factors
-  themselves, off the frozen ones (`projection.py`): the frozen subspace is held exactly.
+- before/after_optimizer_step: project the low factors' gradients (before the clip), then the
+  low factors themselves, off the frozen ones (`projection.py`): the frozen subspace is held
+  exactly.
 - export_weights: a target's six factors become its dense weight again.
 convert_weights and export_weights take any subset of a state dict: every target is converted
 from its own weight alone, and exported from its own factors alone.

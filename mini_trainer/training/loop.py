@@ -10,7 +10,6 @@ which every run calls at the same points.
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -229,6 +228,7 @@ def train_step(
     from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
     from mini_trainer.training.divergence import check_step
     from mini_trainer.training.metrics import peak_memory_gb
+    from mini_trainer.training.optimizer import finish_gradients
 
     attention = model.model.config._attn_implementation
     # FSDP averages gradients over ranks; scaling by world size makes that a sum.
@@ -245,13 +245,10 @@ def train_step(
         (loss * scale).backward()
         loss_sum += loss.detach().double()
 
-    max_norm = args.grad_clip if args.grad_clip > 0 else math.inf
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+    grad_norm = finish_gradients(model, method, args.grad_clip)
     (total_loss,) = all_reduce_sum([loss_sum.item()], runtime)
     check_step(total_loss, float(grad_norm))  # before the update: a NaN never reaches weights
     lr = scheduler.get_last_lr()[0]
-    method.before_optimizer_step(model)
     optimizer.step()
     method.after_optimizer_step(model)
     scheduler.step()

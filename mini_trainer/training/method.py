@@ -11,8 +11,9 @@ Order of the hooks in a run:
 2. `convert_weights(state)`: on rank 0, the dense checkpoint's fp32 tensors become the adapted
    model's state (e.g. dense W to factors); the result is broadcast into the shards.
 3. `param_groups(model, weight_decay)`: what the optimizer trains, and with which decay.
-4. per step, around `optimizer.step()`: `before_optimizer_step(model)` (gradients are final:
-   summed over micro-batches and ranks, clipped) and `after_optimizer_step(model)`.
+4. per step: `before_optimizer_step(model)` once the gradients are summed over micro-batches
+   and ranks, before the clip (so the clip and the logged norm see what the hook leaves), and
+   `after_optimizer_step(model)` after `optimizer.step()`.
 5. `export_weights(state)`: the adapted model's full state back to dense Hugging Face weights,
    for `hf_format/` and `final/`.
 """

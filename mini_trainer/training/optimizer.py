@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 import torch
 
@@ -43,3 +44,13 @@ def build_scheduler(args: TrainingArgs, optimizer, total_steps: int | None):
         num_warmup_steps=args.num_warmup_steps,
         num_training_steps=total_steps,
     )
+
+
+def finish_gradients(model: torch.nn.Module, method, grad_clip: float) -> torch.Tensor:
+    """The step's gradient norm, after the method has shaped the gradients (OSFT removes their
+    components in the frozen subspace) and then the clip: the norm that is logged and clipped is
+    that of the gradient the optimizer applies. `grad_clip` 0 disables clipping."""
+    method.before_optimizer_step(model)
+    max_norm = grad_clip if grad_clip > 0 else math.inf
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
