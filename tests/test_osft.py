@@ -3,6 +3,7 @@ and export of any subset of a state dict, the SVD cache's checks and adaptive ra
 
 from __future__ import annotations
 
+import copy
 import json
 from types import SimpleNamespace
 
@@ -87,17 +88,21 @@ def test_frozen_rank_is_the_floor_of_the_frozen_share():
     assert svd.frozen_rank(7, 0.5) == 3
 
 
-def test_split_reconstructs_the_weight():
+def test_split_reconstructs_the_weight_and_its_frozen_part_is_the_top_triplets():
     weight = torch.randn(12, 8, dtype=torch.float64).float()
-    factors = svd.split(*svd.thin_svd(weight, torch.device("cpu")), k=5)
+    u, s, v = svd.thin_svd(weight, torch.device("cpu"))
+    factors = svd.split(weight, u, s, v, k=5)
     assert factors["U_high"].shape == (12, 5) and factors["V_low"].shape == (8, 3)
+    assert factors["W_high"].shape == (12, 8) and set(factors) == set(svd.part_shapes(12, 8, 5))
     torch.testing.assert_close(svd.dense(factors), weight, rtol=1e-5, atol=1e-5)
+    top = (u[:, :5] * s[:5]) @ v[:, :5].mT
+    torch.testing.assert_close(factors["W_high"], top, rtol=1e-5, atol=1e-5)
 
 
 def test_factorized_linear_gives_the_dense_layers_output_and_gradients():
     torch.manual_seed(0)
     weight, bias = torch.randn(12, 8), torch.randn(12)
-    factors = svd.split(*svd.thin_svd(weight, torch.device("cpu")), k=5)
+    factors = svd.split(weight, *svd.thin_svd(weight, torch.device("cpu")), k=5)
     layer = OSFTLinear(8, 12, frozen_rank=5, bias=True)
     layer.load_state_dict({**factors, "bias": bias})
     x = torch.randn(2, 3, 8, requires_grad=True)
@@ -112,8 +117,33 @@ def test_factorized_linear_gives_the_dense_layers_output_and_gradients():
     torch.testing.assert_close(x.grad, x_ref.grad)
     for name in ("U_low", "S_low", "V_low", "bias"):
         torch.testing.assert_close(getattr(layer, name).grad, ref[name].grad, msg=name)
-    for name in svd.FROZEN_FACTORS:
+    frozen = set(factors) - set(svd.TRAINABLE_FACTORS)
+    assert frozen == {"W_high", "U_high", "V_low_init"}  # U: 12 rows > r = 8; V: 8 = r, 3 < 5
+    for name in frozen:
         assert getattr(layer, name).grad is None and not getattr(layer, name).requires_grad
+
+
+@pytest.mark.parametrize("rows,cols,k", [(12, 12, 9), (12, 12, 3), (12, 8, 6), (8, 12, 6)])
+def test_each_side_keeps_the_cheaper_basis_and_both_project_alike(rows, cols, k):
+    """A full side (dim = r) with r - k < k keeps the complement's basis (U_low as it started)
+    and projects onto it; projecting off U_high gives the same. A long side keeps U_high."""
+    from mini_trainer.osft.projection import remove_frozen_components
+
+    torch.manual_seed(0)
+    weight = torch.randn(rows, cols)
+    u, s, v = svd.thin_svd(weight, torch.device("cpu"))
+    rank = min(rows, cols)
+    parts = svd.split(weight, u, s, v, k)
+    for side, dim, full in (("U", rows, u), ("V", cols, v)):
+        name = svd.basis_name(side, dim, rank, k)
+        cheaper = dim == rank and rank - k < k
+        assert name == (f"{side}_low_init" if cheaper else f"{side}_high")
+        assert parts[name].shape == (dim, rank - k if cheaper else k)
+        x = torch.randn(dim, rank - k)
+        expected = x - full[:, :k] @ (full[:, :k].T @ x)
+        remove_frozen_components([(x, parts[name], cheaper)])
+        torch.testing.assert_close(x, expected, rtol=1e-5, atol=1e-5)
+        assert (full[:, :k].T @ x).norm() < 1e-5 * x.norm()
 
 
 # ---------------------------------------------------------------------------- method
@@ -137,7 +167,7 @@ def test_convert_and_export_work_on_any_subset(tmp_path):
     assert f"{name}.weight" not in whole and f"{name}.U_low" in whole
     assert whole[f"{name}.U_high"].shape == (48, 24) and whole[f"{name}.U_low"].shape == (48, 8)
 
-    # Export module by module (each target's six factors alone), then everything at once.
+    # Export module by module (each target's parts alone), then everything at once.
     per_module = {}
     prefixes = {key.rpartition(".")[0] for key in whole}
     for prefix in prefixes:
@@ -202,29 +232,29 @@ def test_the_clip_sees_the_projected_gradient(tmp_path):
     model(input_ids=ids, labels=ids).loss.backward()
     # Backprop leaves little of U_low's gradient in the frozen subspace; add some, so that the
     # order of projection and clip shows in the norms.
-    osft_modules = [m for m in model.modules() if isinstance(m, OSFTLinear)]
     generator = torch.Generator().manual_seed(2)
-    for m in osft_modules:
-        frozen = m.U_high.shape[1]
-        m.U_low.grad += m.U_high @ torch.randn(frozen, m.U_low.shape[1], generator=generator)
+    for m in model.modules():
+        if isinstance(m, OSFTLinear):  # a random matrix lies mostly in the frozen subspace
+            m.U_low.grad += torch.randn(m.U_low.shape, generator=generator)
 
-    def total_norm():
+    def total_norm(model):
         grads = [p.grad for p in model.parameters() if p.grad is not None]
         return torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])).item()
 
-    raw = total_norm()
-    shadow = {p: p.grad.clone() for p in model.parameters() if p.grad is not None}
+    raw = total_norm(model)
+    shadow = copy.deepcopy(model)
+    for param, copied in zip(model.parameters(), shadow.parameters(), strict=True):
+        copied.grad = None if param.grad is None else param.grad.clone()
     remove_frozen_components(
-        [(shadow[m.U_low], m.U_high) for m in osft_modules]
-        + [(shadow[m.V_low], m.V_high) for m in osft_modules]
+        [p for m in shadow.modules() if isinstance(m, OSFTLinear) for p in m.projection_pairs(True)]
     )
-    projected = torch.linalg.vector_norm(torch.stack([g.norm() for g in shadow.values()])).item()
+    projected = total_norm(shadow)
     assert projected < raw * 0.9  # the frozen components are a large part of it
 
     limit = projected / 10
     norm = finish_gradients(model, method, grad_clip=limit)
     assert norm.item() == pytest.approx(projected, rel=1e-5)
-    assert total_norm() == pytest.approx(limit, rel=1e-5)
+    assert total_norm(model) == pytest.approx(limit, rel=1e-5)
 
 
 @pytest.mark.parametrize("ratio", [0.0, 1.0])

@@ -58,7 +58,7 @@ def test_frozen_subspace_held_after_50_steps_on_1_and_2_ranks(demo_dir, tmp_path
         module = name.removesuffix(".weight")
         u, s, v = (factors[f"{module}.{part}"].double() for part in "USV")
         k = int(0.75 * len(s))
-        before = (u * s) @ v.T  # the weight the factors start from
+        before = base[name].double()  # W_high + U_low S_low V_lowᵀ start as the weight itself
         for nproc, weights in runs.items():
             delta = weights[name].double() - before
             assert delta.norm() > 1e-3 * before.norm(), f"{name} did not train ({nproc} ranks)"

@@ -4,13 +4,14 @@
   adaptive: per layer, see `adaptive.py`), check the SVD cache, and swap each target whose
   0 < k < r for an `OSFTLinear`. k = r (u = 0) keeps the dense weight, frozen; k = 0 (u = 1) keeps
   it dense and trainable: there is no subspace to protect.
-- convert_weights: a target's dense weight becomes its six factors (from the cache, or an SVD).
+- convert_weights: a target's dense weight becomes its frozen part W_high and its factors (from
+  the cache, or an SVD).
 - before/after_optimizer_step: project the low factors' gradients (before the clip), then the
   low factors themselves, off the frozen ones (`projection.py`): the frozen subspace is held
   exactly.
-- export_weights: a target's six factors become its dense weight again.
+- export_weights: a target's parts become its dense weight again (W_high + U_low S_low V_lowᵀ).
 convert_weights and export_weights take any subset of a state dict: every target is converted
-from its own weight alone, and exported from its own factors alone.
+from its own weight alone, and exported from its own parts alone.
 """
 
 from __future__ import annotations
@@ -190,21 +191,21 @@ class OSFT:
             if tuple(value.shape) != (target.rows, target.cols):
                 raise UserError(f"{key}: shape {list(value.shape)}, expected the model's")
             u, s, v = self.cache.factors(name) if self.cache else svd.thin_svd(value)
-            for part, tensor in svd.split(u, s, v, target.frozen).items():
+            for part, tensor in svd.split(value, u, s, v, target.frozen).items():
                 out[f"{prefix}{name}.{part}"] = tensor
         return out
 
     def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         out, pending = {}, {}
         for key, value in state.items():
-            found = self._target_of(key, svd.FACTOR_NAMES)
+            found = self._target_of(key, svd.PART_NAMES)
             if found is None:
                 out[key] = value
                 continue
             prefix, name, part = found
             pending.setdefault((prefix, name), {})[part] = value
         for (prefix, name), factors in pending.items():
-            missing = [part for part in svd.FACTOR_NAMES if part not in factors]
+            missing = [part for part in svd.DENSE_PARTS if part not in factors]
             if missing:
                 raise ValueError(f"export_weights: {name} without its {', '.join(missing)}")
             out[f"{prefix}{name}.weight"] = svd.dense(factors)
@@ -236,19 +237,13 @@ class OSFT:
     def before_optimizer_step(self, model: nn.Module) -> None:
         from mini_trainer.osft.projection import remove_frozen_components
 
-        pairs = []
-        for module in self._modules(model):
-            for low, high in ((module.U_low, module.U_high), (module.V_low, module.V_high)):
-                if low.grad is not None:
-                    pairs.append((low.grad, high))
+        pairs = [p for module in self._modules(model) for p in module.projection_pairs(True)]
         remove_frozen_components(pairs)
 
     def after_optimizer_step(self, model: nn.Module) -> None:
         from mini_trainer.osft.projection import remove_frozen_components
 
-        pairs = []
-        for module in self._modules(model):
-            pairs += [(module.U_low, module.U_high), (module.V_low, module.V_high)]
+        pairs = [p for module in self._modules(model) for p in module.projection_pairs(False)]
         remove_frozen_components(pairs)
 
     def describe(self) -> dict:

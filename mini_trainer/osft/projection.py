@@ -2,7 +2,9 @@
 
 For every target, U_low must stay orthogonal to U_high and V_low to V_high: then
 U_highᵀ ΔW = 0 and ΔW V_high = 0 for any change of the low factors, i.e. the update never
-enters the frozen subspace. Gradients are projected before the optimizer step (so AdamW's
+enters the frozen subspace. A side keeps either U_high (project off it: x - B Bᵀ x) or, where
+that is the same and cheaper, the basis of the complement (project onto it: B Bᵀ x); see
+`svd.basis_name`. Gradients are projected before the optimizer step (so AdamW's
 moments hold no frozen-subspace component) and, because AdamW's per-element scaling and weight
 decay move the factors off the projected direction anyway, the parameters are projected again
 after the step. That second projection is what makes the invariant exact.
@@ -31,27 +33,32 @@ def _local(tensor: Tensor) -> tuple[Tensor, object]:
 
 
 @torch.no_grad()
-def remove_frozen_components(pairs: list[tuple[Tensor, Tensor]]) -> None:
-    """For each (low, high): low <- low - high (highᵀ low), in place, with one all-reduce.
+def remove_frozen_components(pairs: list[tuple[Tensor, Tensor, bool]]) -> None:
+    """For each (x, basis B, onto): x <- B (Bᵀ x) if onto else x - B (Bᵀ x), in place.
 
-    `low` and `high` are row-sharded alike (same row count, so FSDP2 splits them the same way).
+    One all-reduce for all pairs. `x` and `B` are row-sharded alike (same row count, so FSDP2
+    splits them the same way).
     """
     work = []
-    for low, high in pairs:
+    for low, basis, onto in pairs:
         low_local, group = _local(low)
-        high_local, _ = _local(high)
-        if high_local.shape[1] == 0 or low_local.shape[1] == 0:
+        basis_local, _ = _local(basis)
+        if low_local.shape[1] == 0 or (basis_local.shape[1] == 0 and not onto):
             continue
-        work.append((low_local, high_local, group))
+        work.append((low_local, basis_local, onto, group))
     if not work:
         return
-    coefficients = [high.mT @ low for low, high, _ in work]
-    group = next((g for _, _, g in work if g is not None), None)
+    coefficients = [basis.mT @ low for low, basis, _, _ in work]
+    group = next((g for *_, g in work if g is not None), None)
     if group is not None and dist.get_world_size(group) > 1:
         shapes = [c.shape for c in coefficients]
         flat = torch.cat([c.reshape(-1) for c in coefficients])
         dist.all_reduce(flat, group=group)
         parts = flat.split([c.numel() for c in coefficients])
         coefficients = [part.view(shape) for part, shape in zip(parts, shapes, strict=True)]
-    for (low, high, _), coefficient in zip(work, coefficients, strict=True):
-        low.sub_(high @ coefficient.to(low.dtype))
+    for (low, basis, onto, _), coefficient in zip(work, coefficients, strict=True):
+        inside = basis @ coefficient.to(low.dtype)
+        if onto:
+            low.copy_(inside)
+        else:
+            low.sub_(inside)

@@ -1,9 +1,21 @@
 """The fp32 thin SVD of a target and its split into frozen (high) and trainable (low) factors.
 
 A target W (rows x cols) with rank r = min(rows, cols) is W = U S Vᵀ. The top k singular
-triplets are frozen (`U_high`, `S_high`, `V_high`), the other r - k train (`U_low`, `S_low`,
-`V_low`). V is stored as cols x r (not Vᵀ), so both U and V are sharded by rows under FSDP2 and
-one projection routine serves both sides.
+triplets are frozen, the other r - k train (`U_low`, `S_low`, `V_low`). The frozen part is kept
+densely, as `W_high` = W - U_low S_low V_lowᵀ, so that a forward adds only the r - k trainable
+triplets to it instead of rebuilding all r.
+
+The projections that keep U_low off the frozen U_high (and V_low off V_high) need, per side, a
+frozen basis. Which one is a matter of cost: projecting off U_high (rows x k) costs rows x k x
+(r - k) per factor. When the side is full (rows == r, e.g. both sides of a square target),
+"orthogonal to U_high" is the same as "inside the span of the other r - k left singular
+vectors", so the side can keep `U_low_init` (U_low as it started, rows x (r - k)) and project
+onto it instead: rows x (r - k)² work and memory, cheaper when r - k < k (u < 0.5). On a long
+side (rows > r) the complement of U_high is larger than any stored basis, so it keeps U_high.
+`basis_name` decides, from the shape alone, so the model and its state always agree.
+
+V is stored as cols x r (not Vᵀ), so both U and V are sharded by rows under FSDP2 and one
+projection routine serves both sides.
 """
 
 from __future__ import annotations
@@ -13,9 +25,11 @@ import math
 import torch
 from torch import Tensor
 
-FACTOR_NAMES = ("U_high", "S_high", "V_high", "U_low", "S_low", "V_low")
-FROZEN_FACTORS = ("U_high", "S_high", "V_high")
 TRAINABLE_FACTORS = ("U_low", "S_low", "V_low")
+DENSE_PARTS = ("W_high", "U_low", "S_low", "V_low")
+"""What the dense weight is made of: W = W_high + U_low S_low V_lowᵀ."""
+PART_NAMES = ("W_high", "U_high", "U_low_init", "V_high", "V_low_init", *TRAINABLE_FACTORS)
+"""Every name a factorized target's parameters can have (each target has six of them)."""
 
 
 def svd_device() -> torch.device:
@@ -39,20 +53,56 @@ def frozen_rank(rank: int, frozen_fraction: float) -> int:
     return min(rank, max(0, math.floor(frozen_fraction * rank + 1e-9)))
 
 
-def split(u: Tensor, s: Tensor, v: Tensor, k: int) -> dict[str, Tensor]:
-    """The six factors of a target with its top `k` triplets frozen."""
+def basis_name(side: str, dim: int, rank: int, k: int) -> str:
+    """The frozen basis one side ("U": dim = rows, "V": dim = cols) keeps for its projection."""
+    return f"{side}_low_init" if dim == rank and rank - k < k else f"{side}_high"
+
+
+def part_shapes(rows: int, cols: int, k: int) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of the six parameters of a target with k of its r triplets frozen."""
+    rank = min(rows, cols)
+    u_basis, v_basis = basis_name("U", rows, rank, k), basis_name("V", cols, rank, k)
+    width = {"U_high": k, "V_high": k, "U_low_init": rank - k, "V_low_init": rank - k}
     return {
-        "U_high": u[:, :k].contiguous(),
-        "S_high": s[:k].contiguous(),
-        "V_high": v[:, :k].contiguous(),
+        "W_high": (rows, cols),
+        u_basis: (rows, width[u_basis]),
+        v_basis: (cols, width[v_basis]),
+        "U_low": (rows, rank - k),
+        "S_low": (rank - k,),
+        "V_low": (cols, rank - k),
+    }
+
+
+def split(weight: Tensor, u: Tensor, s: Tensor, v: Tensor, k: int) -> dict[str, Tensor]:
+    """The parameters of `weight` = U S Vᵀ with its top `k` triplets frozen (`part_shapes`).
+
+    W_high is the weight less its trainable part, not U_high S_high V_highᵀ: it costs
+    rows x cols x (r - k) instead of x k, and the model starts from the weight itself, not
+    from its rebuild (which differs by the SVD's rounding).
+    """
+    low = {
         "U_low": u[:, k:].contiguous(),
         "S_low": s[k:].contiguous(),
         "V_low": v[:, k:].contiguous(),
     }
+    w_high = torch.addmm(
+        weight.to(u.device, torch.float32), low["U_low"] * low["S_low"], low["V_low"].mT, alpha=-1
+    )
+    bases = {
+        "U_high": u[:, :k], "V_high": v[:, :k],
+        "U_low_init": low["U_low"], "V_low_init": low["V_low"],
+    }  # fmt: skip
+    shapes = part_shapes(u.shape[0], v.shape[0], k)
+    parts = {"W_high": w_high, **low}
+    return {
+        name: parts[name]
+        if name in parts
+        else bases[name].clone(memory_format=torch.contiguous_format)
+        for name in shapes
+    }
 
 
 def dense(factors: dict[str, Tensor]) -> Tensor:
-    """W = U_high S_high V_highᵀ + U_low S_low V_lowᵀ, in fp32."""
-    f = {name: factors[name].float() for name in FACTOR_NAMES}
-    high = (f["U_high"] * f["S_high"]) @ f["V_high"].mT
-    return torch.addmm(high, f["U_low"] * f["S_low"], f["V_low"].mT)
+    """W = W_high + U_low S_low V_lowᵀ, in fp32."""
+    f = {name: factors[name].float() for name in DENSE_PARTS}
+    return torch.addmm(f["W_high"], f["U_low"] * f["S_low"], f["V_low"].mT)
