@@ -84,13 +84,25 @@ def accuracy_matrix(folder: Path) -> dict[tuple, float]:
 
 
 def test_pipeline_through_slurm_matches_a_local_run(slurm_cluster, tmp_path):
+    # The local reference runs alongside the Slurm run, which spends most of its time waiting
+    # for job starts and status checks (the executor's polling interval grows while no job ends).
     local = workdir(tmp_path / "local")
-    run([sys.executable, "-m", "snakemake", "--cores", "2"], local, subprocess_env(),
-        timeout=1500)  # fmt: skip
-
-    remote = workdir(tmp_path / "slurm")
-    env = slurm_cluster.env(subprocess_env())
-    output = run(snakemake_slurm(timeout_s=1800), remote, env, timeout=1900)
+    with (tmp_path / "local.log").open("w") as local_log:
+        local_run = subprocess.Popen(
+            [sys.executable, "-m", "snakemake", "--cores", "2"], cwd=local,
+            env=subprocess_env(), stdout=local_log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            remote = workdir(tmp_path / "slurm")
+            env = slurm_cluster.env(subprocess_env())
+            output = run(snakemake_slurm(timeout_s=1800), remote, env, timeout=1900)
+            local_run.wait(timeout=1500)
+        finally:
+            if local_run.poll() is None:
+                local_run.kill()
+                local_run.wait()
+    local_output = (tmp_path / "local.log").read_text()
+    assert local_run.returncode == 0, f"the local run failed:\n{local_output[-6000:]}"
 
     # Every job but the localrules went through sbatch; the localrules did not.
     submitted = re.findall(r"has been submitted with SLURM jobid (\d+)", output)
