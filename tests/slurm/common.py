@@ -45,8 +45,10 @@ PROFILE = Path(__file__).resolve().parents[2] / "profiles" / "slurm"
 
 # The one-machine test cluster instead of a real one: its partition, no accounts, no slurmdbd
 # (so squeue, not sacct, for job status; MinJobAge=600 keeps finished jobs visible), small
-# resources, and a first status check after 2 s instead of 40. On the command line these
-# replace the profile's whole default-resources and set-resources lists.
+# resources, and a first status check after 2 s instead of 40. Up to 6 jobs are submitted at
+# once, so that Slurm starts a queued job as soon as a CPU frees, without waiting for
+# Snakemake's next status check. On the command line these replace the profile's whole
+# default-resources and set-resources lists.
 TEST_OVERRIDES = [
     "--default-resources", "slurm_partition=debug", "runtime=10", "mem_mb=1000",
     "--set-resources", "train:slurm_partition=debug", "train:runtime=10", "train:mem_mb=2000",
@@ -55,7 +57,7 @@ TEST_OVERRIDES = [
     "--slurm-status-command", "squeue",
     "--slurm-init-seconds-before-status-checks", "2",
     "--latency-wait", "5",
-    "--jobs", "2",
+    "--jobs", "6",
 ]  # fmt: skip
 
 
