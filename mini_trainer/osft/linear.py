@@ -17,11 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mini_trainer.osft.svd import TRAINABLE_FACTORS, basis_name, part_shapes
-
-
-def _weight(w_high: Tensor, u_low: Tensor, s_low: Tensor, v_low: Tensor) -> Tensor:
-    return torch.addmm(w_high, u_low * s_low, v_low.mT)
+from mini_trainer.osft.svd import TRAINABLE_FACTORS, basis_name, compose, part_shapes
 
 
 class _FactorizedLinear(torch.autograd.Function):
@@ -30,14 +26,14 @@ class _FactorizedLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_high, u_low, s_low, v_low, bias):
         ctx.save_for_backward(x, w_high, u_low, s_low, v_low)
-        return F.linear(x, _weight(w_high, u_low, s_low, v_low), bias)
+        return F.linear(x, compose(w_high, u_low, s_low, v_low), bias)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, w_high, u_low, s_low, v_low = ctx.saved_tensors
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = grad_out @ _weight(w_high, u_low, s_low, v_low)
+            grad_x = grad_out @ compose(w_high, u_low, s_low, v_low)
         # The low factors' gradients through the factors, never forming the dense dL/dW:
         # tokens x (r - k) products instead of a rows x cols one (and its rows x cols x r uses).
         flat_grad = grad_out.reshape(-1, grad_out.shape[-1])

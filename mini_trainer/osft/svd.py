@@ -85,24 +85,21 @@ def split(weight: Tensor, u: Tensor, s: Tensor, v: Tensor, k: int) -> dict[str, 
         "S_low": s[k:].contiguous(),
         "V_low": v[:, k:].contiguous(),
     }
-    w_high = torch.addmm(
-        weight.to(u.device, torch.float32), low["U_low"] * low["S_low"], low["V_low"].mT, alpha=-1
-    )
-    bases = {
-        "U_high": u[:, :k], "V_high": v[:, :k],
-        "U_low_init": low["U_low"], "V_low_init": low["V_low"],
-    }  # fmt: skip
+    weight = weight.to(u.device, torch.float32)
+    parts = {"W_high": compose(weight, low["U_low"], -low["S_low"], low["V_low"]), **low}
     shapes = part_shapes(u.shape[0], v.shape[0], k)
-    parts = {"W_high": w_high, **low}
-    return {
-        name: parts[name]
-        if name in parts
-        else bases[name].clone(memory_format=torch.contiguous_format)
-        for name in shapes
-    }
+    for name in shapes.keys() - parts.keys():  # the two bases: a copy, never a view of U_low
+        side = u if name.startswith("U") else v
+        basis = side[:, :k] if name.endswith("_high") else side[:, k:]
+        parts[name] = basis.clone(memory_format=torch.contiguous_format)
+    return {name: parts[name] for name in shapes}
+
+
+def compose(w_high: Tensor, u_low: Tensor, s_low: Tensor, v_low: Tensor) -> Tensor:
+    """W_high + U_low diag(S_low) V_lowᵀ: the layer's weight from its parts."""
+    return torch.addmm(w_high, u_low * s_low, v_low.mT)
 
 
 def dense(factors: dict[str, Tensor]) -> Tensor:
     """W = W_high + U_low S_low V_lowᵀ, in fp32."""
-    f = {name: factors[name].float() for name in DENSE_PARTS}
-    return torch.addmm(f["W_high"], f["U_low"] * f["S_low"], f["V_low"].mT)
+    return compose(*(factors[name].float() for name in DENSE_PARTS))
