@@ -409,3 +409,15 @@ def test_schema_refuses_what_a_pipeline_job_cannot_run():
         small(training_mode="infinite")
     with pytest.raises(Exception, match="nope"):
         small(nope=1)
+
+
+def test_check_command_names_the_line_of_a_configfile(tmp_path, capsys):
+    """For files given with --configfile, which Snakemake reads before the workflow loads."""
+    from mini_trainer.pipeline.checks import main
+
+    good, bad = tmp_path / "good.yaml", tmp_path / "bad.yaml"
+    good.write_text("model: demo\n")
+    bad.write_text("model: demo\nstages:\n  - sort\n - sort_desc\n")
+    assert main([str(good)]) == 0 and capsys.readouterr().err == ""
+    assert main([str(good), str(bad)]) == 2
+    assert capsys.readouterr().err.startswith(f"{bad}:4: YAML syntax error: ")

@@ -116,12 +116,12 @@ def svd_dir(config: Config, method: str, lr: str, stage: int) -> str:
     from the same weights with the same target patterns shares one: stage 1 of every OSFT
     method and learning rate shares the base model's.
     """
-    options = method_options(config, method)
-    if stage == 1:
-        source = BASE
-    else:
-        source = f"{method}/lr{lr}/stage{stage - 1}/{run_key(config, method, lr, stage - 1)}"
-    return f"results/osft_svd/{source}/{svd_targets_key(options)}"
+    return _svd_dir(config, method, _previous_run(config, method, lr, stage))
+
+
+def _svd_dir(config: Config, method: str, previous_run: str | None) -> str:
+    source = BASE if previous_run is None else previous_run.removeprefix("results/train/")
+    return f"results/osft_svd/{source}/{svd_targets_key(method_options(config, method))}"
 
 
 def svd_model(config: Config, source: str) -> str:
@@ -140,27 +140,55 @@ def svd_target_patterns(config: Config, targets: str) -> list[str]:
 
 def start_model(config: Config, method: str, lr: str, stage: int) -> str:
     """Stage 1 starts from the base model, stage i from stage i-1's final/ of the same run."""
-    if stage == 1:
-        return base_model(config)
-    return final_dir(config, method, lr, stage - 1)
+    previous = _previous_run(config, method, lr, stage)
+    return base_model(config) if previous is None else f"{previous}/final"
 
 
 def training_options(config: Config, method: str, lr: str, stage: int) -> dict[str, Any]:
     """Every flag of (method, lr, stage)'s training job, except the output folder."""
+    return _stage_options(config, method, lr, stage, _previous_run(config, method, lr, stage))
+
+
+def _stage_options(
+    config: Config, method: str, lr: str, stage: int, previous_run: str | None
+) -> dict[str, Any]:
     task = config["stages"][stage - 1]
     options = method_options(config, method)
     options.update(
-        model_name_or_path=start_model(config, method, lr, stage),
+        model_name_or_path=base_model(config) if previous_run is None else f"{previous_run}/final",
         data_path=task_file(config, task, "train"),
         data_index=data_index(task),
         learning_rate=lr_value(config, method, lr),
         save_final_checkpoint=True,
     )
     if options.get("osft"):
-        options["osft_svd_cache"] = svd_dir(config, method, lr, stage)
+        options["osft_svd_cache"] = _svd_dir(config, method, previous_run)
     if options.get("wandb_project"):
         options["wandb_run_name"] = f"{method}-lr{lr}-stage{stage}-{task}"
     return options
+
+
+def _run_dirs(config: Config, method: str, lr: str, stage: int) -> list[str]:
+    """The run folders of stages 1..`stage` of (method, lr): each key names the folder of the
+    stage before (through the starting model and SVD cache), so they are built in order, once
+    each (a recursive definition would redo every earlier stage twice per stage)."""
+    launch = config["launch"]
+    dirs: list[str] = []
+    for s in range(1, stage + 1):
+        options = _stage_options(config, method, lr, s, dirs[-1] if dirs else None)
+        key = short_hash(
+            {
+                "options": options,
+                "nproc_per_node": launch["nproc_per_node"],
+                "nodes": launch["nodes"],
+            }
+        )
+        dirs.append(f"results/train/{method}/lr{lr}/stage{s}/{key}")
+    return dirs
+
+
+def _previous_run(config: Config, method: str, lr: str, stage: int) -> str | None:
+    return _run_dirs(config, method, lr, stage - 1)[-1] if stage > 1 else None
 
 
 def run_key(config: Config, method: str, lr: str, stage: int) -> str:
@@ -170,19 +198,11 @@ def run_key(config: Config, method: str, lr: str, stage: int) -> str:
     The run folder is named by it, so a changed option gives a new, empty folder (a fresh run)
     while a rerun with the same options finds its own state and resumes.
     """
-    launch = config["launch"]
-    return short_hash(
-        {
-            "options": training_options(config, method, lr, stage),
-            "nproc_per_node": launch["nproc_per_node"],
-            "nodes": launch["nodes"],
-        }
-    )
+    return run_dir(config, method, lr, stage).rsplit("/", 1)[1]
 
 
 def run_dir(config: Config, method: str, lr: str, stage: int) -> str:
-    key = run_key(config, method, lr, stage)
-    return f"results/train/{method}/lr{lr}/stage{stage}/{key}"
+    return _run_dirs(config, method, lr, stage)[-1]
 
 
 def final_dir(config: Config, method: str, lr: str, stage: int) -> str:
