@@ -28,6 +28,14 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
             problems.append(f"{value}: --{name.replace('_', '-')}: no such file")
     if not Path(args.model_name_or_path).is_dir():
         problems.append(f"{args.model_name_or_path}: --model-name-or-path: no such model folder")
+    else:
+        # here, not at the top: torch is imported only once the flags are good
+        from mini_trainer.models.safetensors_file import check_weight_files
+
+        try:
+            check_weight_files(args.model_name_or_path)  # headers only: before any worker starts
+        except UserError as error:
+            problems += error.lines
     if args.batch_size < world_size:
         problems.append(
             f"--batch-size: {args.batch_size} is smaller than the number of ranks ({world_size})"

@@ -37,7 +37,9 @@ def load_dataset(args: TrainingArgs, runtime):
 
     def index_on_main():
         vocab_size = read_vocab_size(args.model_name_or_path)
-        return build_index(args.data_path, vocab_size, args.max_tokens_per_gpu, long_hint=hint)[0]
+        return build_index(
+            args.data_path, vocab_size, args.max_tokens_per_gpu, long_hint=hint, outcome=None
+        )[0]
 
     index = decided_on_main(index_on_main, runtime)
     return IndexedJsonlDataset(args.data_path, index)
