@@ -56,7 +56,10 @@ def test_exit_status_prefers_the_user_error_to_the_crashes_it_causes():
     assert exit_status([], {}) == (0, [])
 
 
-def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path):
+OUT_OF_VOCAB = 99999
+
+
+def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path, out_of_vocab=False):
     """A >2 MiB data file and its index, then one sample that rank 1 reads in step 1 rewritten
     (same bytes, one token fewer) in the middle of the file, where the index's staleness check
     (size, first and last MiB) does not look: only rank 1 finds out, when it reads the sample."""
@@ -80,10 +83,12 @@ def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path):
     raw = bytearray(data.read_bytes())
     start, nbytes = int(index["offset"][victim]), int(index["nbytes"][victim])
     sample = json.loads(raw[start : start + nbytes])
-    shorter = json.dumps(
-        {"input_ids": sample["input_ids"][:-1], "labels": sample["labels"][:-1]},
-        separators=(",", ":"),
-    ).encode()
+    if out_of_vocab:  # a token id the model does not have, at the same length
+        sample["input_ids"][1] = OUT_OF_VOCAB
+        edited = {"input_ids": sample["input_ids"], "labels": sample["labels"]}
+    else:
+        edited = {"input_ids": sample["input_ids"][:-1], "labels": sample["labels"][:-1]}
+    shorter = json.dumps(edited, separators=(",", ":")).encode()
     assert len(shorter) <= nbytes
     raw[start : start + nbytes] = shorter.ljust(nbytes)  # JSON allows trailing spaces
     data.write_bytes(bytes(raw))
@@ -104,6 +109,23 @@ def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_pa
         "validation); rerun `mini-trainer validate`"
     ], result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_token_id_edited_after_validation_stops_with_file_and_line(demo_dir, tmp_path):
+    """Not an IndexError in the embedding mid-run: the line is checked when it is read."""
+    from mini_trainer.data.validate import read_vocab_size
+
+    data, index, line = _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path, True)
+    flags = {"data-path": data, "data-index": index, "training-mode": "step", "max-steps": 2}
+    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags))
+    assert result.returncode == 2, result.stderr
+    top = read_vocab_size(demo_dir / "model") - 1
+    assert "Traceback" not in result.stderr and "IndexError" not in result.stderr
+    assert [text for text in result.stderr.splitlines() if "error" in text.lower()] == [
+        f"error: {data}:{line}: input_ids: token id {OUT_OF_VOCAB} is outside the vocabulary "
+        f"(0..{top}) (the file changed after validation); rerun `mini-trainer validate`"
+    ], result.stderr
 
 
 @pytest.mark.slow

@@ -53,10 +53,12 @@ def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtim
     from mini_trainer.data.validate import build_index, read_vocab_size
     from mini_trainer.training.distributed import decided_on_main
 
-    def index_on_main():
-        return build_index(data_path, read_vocab_size(model_path), max_tokens, outcome=None)[0]
+    vocab_size = read_vocab_size(model_path)
 
-    return IndexedJsonlDataset(data_path, decided_on_main(index_on_main, runtime))
+    def index_on_main():
+        return build_index(data_path, vocab_size, max_tokens, outcome=None)[0]
+
+    return IndexedJsonlDataset(data_path, decided_on_main(index_on_main, runtime), vocab_size)
 
 
 def evaluate_model(
