@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
@@ -45,6 +46,10 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
             "--wandb-project: wandb is not installed (pip install 'mini-trainer[wandb]')"
         )
     out = Path(args.output_dir)
+    try:
+        check_writable(out, "--output-dir")
+    except UserError as error:
+        problems += error.lines
     if not args.resume and any(
         (out / name).exists() for name in ("state", "final", "metrics.jsonl")
     ):
