@@ -63,10 +63,13 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one worker of the job; return its exit status (see training/launcher.py)."""
+    from mini_trainer.distributed.lifetime import stop_with_parent
     from mini_trainer.training.distributed import env_world
     from mini_trainer.training.launcher import write_report
 
     rank, local_rank, world_size = env_world()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun's agent: stop if it dies
+        stop_with_parent()
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"[rank{rank}] %(asctime)s %(message)s",

@@ -181,6 +181,36 @@ def test_stop_signals_reach_every_worker_and_nothing_is_orphaned(demo_dir, tmp_p
 
 
 @pytest.mark.slow
+def test_workers_stop_when_the_launcher_is_killed_and_the_run_resumes(demo_dir, tmp_path):
+    """SIGKILL reaches the launcher alone (nothing forwards it): the kernel's parent-death
+    signal stops the workers, which save a state as on SIGTERM; the same run then resumes."""
+    out = tmp_path / "run"
+    flags = {"training-mode": "step", "max-steps": 20, "save-every-steps": 2}
+    process = subprocess.Popen(
+        launcher_command(*base_flags(demo_dir, out, **flags)), env=subprocess_env(),
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "state" / "step_2").exists():
+        assert process.poll() is None, "the run ended before its first state"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    workers = psutil.Process(process.pid).children(recursive=True)
+    assert len(workers) >= 2
+    process.kill()
+    process.wait()
+    _, alive = psutil.wait_procs(workers, timeout=60)  # seconds in practice; generous margin
+    assert not alive, f"workers outlived their launcher: {alive}"
+    # Orphaned workers (as before the parent-death signal) would have trained to the end.
+    assert not (out / "state" / "step_20").exists(), "the workers finished without a launcher"
+    newest = max(int(p.name.removeprefix("step_")) for p in (out / "state").glob("step_*"))
+    resumed = run_launcher(*base_flags(demo_dir, out, **flags, resume=True))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {out / 'state' / f'step_{newest}'}" in resumed.stderr
+    assert [row["step"] for row in read_metrics(out)] == list(range(1, 21))
+
+
+@pytest.mark.slow
 def test_a_non_finite_loss_stops_at_its_step_and_exports_nothing(demo_dir, tmp_path):
     out = tmp_path / "run"
     flags = {"learning-rate": 1e30, "training-mode": "step", "max-steps": 6,
