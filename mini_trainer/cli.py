@@ -442,8 +442,15 @@ def manifest(
     evaluation JSONs, run folders and data summaries of an experiment. Paths are written as
     given and not checked: `report` shows a missing file as a missing cell.
     """
-    from mini_trainer.manifest import build_manifest, parse_eval, parse_run, write_manifest
+    from mini_trainer.manifest import (
+        build_manifest,
+        check_manifest_out,
+        parse_eval,
+        parse_run,
+        write_manifest,
+    )
 
+    check_manifest_out(out, force)
     content = build_manifest(
         list(tasks),
         [parse_eval(fields) for fields in evals],

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
+from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_write_text
 
@@ -95,9 +97,15 @@ def build_manifest(
     return {"tasks": list(tasks), "entries": entries}
 
 
-def write_manifest(path: str | os.PathLike, manifest: dict, force: bool) -> None:
+def check_manifest_out(path: str | os.PathLike, force: bool) -> None:
+    """Refuse an output that exists (unless `force`) or cannot be written, before any work."""
     if os.path.exists(path) and not force:
         raise UserError(f"{path}: already exists (pass --force to replace it)")
+    check_writable(Path(path).parent, "--out")
+
+
+def write_manifest(path: str | os.PathLike, manifest: dict, force: bool) -> None:
+    check_manifest_out(path, force)
     atomic_write_text(path, json.dumps(manifest, indent=2) + "\n")
 
 

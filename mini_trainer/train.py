@@ -13,6 +13,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
@@ -28,6 +29,14 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
             problems.append(f"{value}: --{name.replace('_', '-')}: no such file")
     if not Path(args.model_name_or_path).is_dir():
         problems.append(f"{args.model_name_or_path}: --model-name-or-path: no such model folder")
+    else:
+        # here, not at the top: torch is imported only once the flags are good
+        from mini_trainer.models.safetensors_file import check_weight_files
+
+        try:
+            check_weight_files(args.model_name_or_path)  # headers only: before any worker starts
+        except UserError as error:
+            problems += error.lines
     if args.batch_size < world_size:
         problems.append(
             f"--batch-size: {args.batch_size} is smaller than the number of ranks ({world_size})"
@@ -37,6 +46,10 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
             "--wandb-project: wandb is not installed (pip install 'mini-trainer[wandb]')"
         )
     out = Path(args.output_dir)
+    try:
+        check_writable(out, "--output-dir")
+    except UserError as error:
+        problems += error.lines
     if not args.resume and any(
         (out / name).exists() for name in ("state", "final", "metrics.jsonl")
     ):
@@ -50,10 +63,13 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one worker of the job; return its exit status (see training/launcher.py)."""
+    from mini_trainer.distributed.lifetime import stop_with_parent
     from mini_trainer.training.distributed import env_world
     from mini_trainer.training.launcher import write_report
 
     rank, local_rank, world_size = env_world()
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun's agent: stop if it dies
+        stop_with_parent()
     logging.basicConfig(
         level=logging.INFO if rank == 0 else logging.WARNING,
         format=f"[rank{rank}] %(asctime)s %(message)s",

@@ -167,3 +167,38 @@ def test_index_that_does_not_match_its_line_is_detected(tmp_path, vocab):
     wrong = index.assign(len=[2])
     with pytest.raises(UserError, match="no longer matches its index"):
         IndexedJsonlDataset(data, wrong)[0]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("input_ids", 999, "input_ids: token id 999 is outside the vocabulary (0..{top})"),
+        ("input_ids", -7, "input_ids: token id -7 is outside the vocabulary (0..{top})"),
+        ("labels", 999, "labels: 999 is neither -100 nor a token id of the vocabulary (0..{top})"),
+        ("labels", -5, "labels: -5 is neither -100 nor a token id of the vocabulary (0..{top})"),
+    ],
+)
+def test_a_token_id_edited_after_validation_is_caught_when_read(
+    tmp_path, vocab, field, value, reason
+):
+    """A same-size edit in the middle of a large file passes the index's fingerprint (its first
+    and last MiB; tests/test_launcher.py runs that end to end); the read itself must catch it."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}\n' * 3)
+    index, summary = build_index(data, vocab, max_tokens=10)
+    write_index(index, summary, tmp_path / "i.parquet", tmp_path / "s.json")
+    edited = {"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}
+    edited[field][2] = value
+    line = json.dumps(edited, separators=(",", ":")).encode()
+    raw = bytearray(data.read_bytes())
+    start, nbytes = int(index["offset"][1]), int(index["nbytes"][1])
+    raw[start : start + nbytes] = line.ljust(nbytes)
+    data.write_bytes(bytes(raw))
+    dataset = IndexedJsonlDataset(data, index, vocab)
+    assert dataset[0]["input_ids"] == [1, 2, 3]
+    with pytest.raises(UserError) as excinfo:
+        dataset[1]
+    assert excinfo.value.lines == [
+        f"{data}:2: {reason.format(top=vocab - 1)} (the file changed after validation); "
+        "rerun `mini-trainer validate`"
+    ]

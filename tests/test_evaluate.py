@@ -185,6 +185,14 @@ def test_bad_jsonl_line_and_token_outside_vocab_name_file_line_and_field(demo_di
     lines, data = _bad_input_run(demo_dir, tmp_path, text)
     assert any(line.startswith(f"error: {data}:2: input_ids") and "384" in line for line in lines)
     assert any(line.startswith(f"error: {data}:3: ") for line in lines)
+    assert lines[-1] == f"error: {data}: 2 problems"  # evaluate writes no index: none promised
+
+
+def test_one_bad_line_is_one_line(demo_dir, tmp_path):
+    good = (demo_dir / "data" / "sort.eval.jsonl").read_text().splitlines()[:2]
+    text = "\n".join([good[0], "{not json", good[1]]) + "\n"
+    lines, data = _bad_input_run(demo_dir, tmp_path, text)
+    assert len(lines) == 1 and lines[0].startswith(f"error: {data}:2: json: "), lines
 
 
 LOCAL_TASK = """\

@@ -56,7 +56,10 @@ def test_exit_status_prefers_the_user_error_to_the_crashes_it_causes():
     assert exit_status([], {}) == (0, [])
 
 
-def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path):
+OUT_OF_VOCAB = 99999
+
+
+def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path, out_of_vocab=False):
     """A >2 MiB data file and its index, then one sample that rank 1 reads in step 1 rewritten
     (same bytes, one token fewer) in the middle of the file, where the index's staleness check
     (size, first and last MiB) does not look: only rank 1 finds out, when it reads the sample."""
@@ -80,10 +83,12 @@ def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path):
     raw = bytearray(data.read_bytes())
     start, nbytes = int(index["offset"][victim]), int(index["nbytes"][victim])
     sample = json.loads(raw[start : start + nbytes])
-    shorter = json.dumps(
-        {"input_ids": sample["input_ids"][:-1], "labels": sample["labels"][:-1]},
-        separators=(",", ":"),
-    ).encode()
+    if out_of_vocab:  # a token id the model does not have, at the same length
+        sample["input_ids"][1] = OUT_OF_VOCAB
+        edited = {"input_ids": sample["input_ids"], "labels": sample["labels"]}
+    else:
+        edited = {"input_ids": sample["input_ids"][:-1], "labels": sample["labels"][:-1]}
+    shorter = json.dumps(edited, separators=(",", ":")).encode()
     assert len(shorter) <= nbytes
     raw[start : start + nbytes] = shorter.ljust(nbytes)  # JSON allows trailing spaces
     data.write_bytes(bytes(raw))
@@ -104,6 +109,23 @@ def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_pa
         "validation); rerun `mini-trainer validate`"
     ], result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_a_token_id_edited_after_validation_stops_with_file_and_line(demo_dir, tmp_path):
+    """Not an IndexError in the embedding mid-run: the line is checked when it is read."""
+    from mini_trainer.data.validate import read_vocab_size
+
+    data, index, line = _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path, True)
+    flags = {"data-path": data, "data-index": index, "training-mode": "step", "max-steps": 2}
+    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags))
+    assert result.returncode == 2, result.stderr
+    top = read_vocab_size(demo_dir / "model") - 1
+    assert "Traceback" not in result.stderr and "IndexError" not in result.stderr
+    assert [text for text in result.stderr.splitlines() if "error" in text.lower()] == [
+        f"error: {data}:{line}: input_ids: token id {OUT_OF_VOCAB} is outside the vocabulary "
+        f"(0..{top}) (the file changed after validation); rerun `mini-trainer validate`"
+    ], result.stderr
 
 
 @pytest.mark.slow
@@ -156,6 +178,36 @@ def test_stop_signals_reach_every_worker_and_nothing_is_orphaned(demo_dir, tmp_p
     (state,) = (out / "state").iterdir()
     assert sorted(p.name for p in state.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
     assert read_metrics(out)[-1]["step"] == int(state.name.removeprefix("step_"))
+
+
+@pytest.mark.slow
+def test_workers_stop_when_the_launcher_is_killed_and_the_run_resumes(demo_dir, tmp_path):
+    """SIGKILL reaches the launcher alone (nothing forwards it): the kernel's parent-death
+    signal stops the workers, which save a state as on SIGTERM; the same run then resumes."""
+    out = tmp_path / "run"
+    flags = {"training-mode": "step", "max-steps": 20, "save-every-steps": 2}
+    process = subprocess.Popen(
+        launcher_command(*base_flags(demo_dir, out, **flags)), env=subprocess_env(),
+        cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "state" / "step_2").exists():
+        assert process.poll() is None, "the run ended before its first state"
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    workers = psutil.Process(process.pid).children(recursive=True)
+    assert len(workers) >= 2
+    process.kill()
+    process.wait()
+    _, alive = psutil.wait_procs(workers, timeout=60)  # seconds in practice; generous margin
+    assert not alive, f"workers outlived their launcher: {alive}"
+    # Orphaned workers (as before the parent-death signal) would have trained to the end.
+    assert not (out / "state" / "step_20").exists(), "the workers finished without a launcher"
+    newest = max(int(p.name.removeprefix("step_")) for p in (out / "state").glob("step_*"))
+    resumed = run_launcher(*base_flags(demo_dir, out, **flags, resume=True))
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {out / 'state' / f'step_{newest}'}" in resumed.stderr
+    assert [row["step"] for row in read_metrics(out)] == list(range(1, 21))
 
 
 @pytest.mark.slow

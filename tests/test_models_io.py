@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 from mini_trainer.errors import UserError
 from mini_trainer.models.export import ShardedWriter, plan_shards
-from mini_trainer.models.loading import checkpoint_tensors, read_header, read_tensor
+from mini_trainer.models.safetensors_file import checkpoint_tensors, read_header, read_tensor
 
 
 def some_tensors(dtype):
@@ -82,7 +82,7 @@ def test_reader_errors_name_the_file(tmp_path):
     with pytest.raises(UserError, match=f"{tmp_path}: no model.safetensors"):
         checkpoint_tensors(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"\x05\x00")
-    with pytest.raises(UserError, match="model.safetensors: not a readable safetensors file"):
+    with pytest.raises(UserError, match="model.safetensors: not a safetensors file"):
         read_header(tmp_path / "model.safetensors")
 
 

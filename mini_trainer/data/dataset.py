@@ -5,6 +5,12 @@ Only the index (five int64 numbers per sample) lives in memory; a sample is read
 has no shared file position, so the dataset is safe to use from threads and from forked
 DataLoader workers; pickling it (spawned workers) drops the descriptor, which is reopened
 lazily.
+
+The index's staleness check hashes only the file's size and first and last MiB, so a line edited
+in the middle (same size) is read as is: each line read is checked again for its length and,
+given the vocabulary size, for token ids and labels outside it (a min/max over the line, far
+cheaper than the step), so such an edit is one `FILE:LINE` error, not an `IndexError` in the
+embedding (or a device-side assert on a GPU).
 """
 
 from __future__ import annotations
@@ -24,10 +30,14 @@ from mini_trainer.errors import UserError
 class IndexedJsonlDataset:
     """Samples of a validated JSONL file, as `{"input_ids": [...], "labels": [...]}`."""
 
-    def __init__(self, data_path: str | os.PathLike, index: pd.DataFrame):
-        """`index` comes from `validate.build_index` or `IndexedJsonlDataset.open`."""
+    def __init__(
+        self, data_path: str | os.PathLike, index: pd.DataFrame, vocab_size: int | None = None
+    ):
+        """`index` comes from `validate.build_index` or `IndexedJsonlDataset.open`; with
+        `vocab_size`, every line read is checked against it."""
         check_columns(index, "index")
         self.data_path = Path(data_path)
+        self.vocab_size = vocab_size
         self._offsets = np.ascontiguousarray(index["offset"].to_numpy(dtype=np.int64))
         self._nbytes = np.ascontiguousarray(index["nbytes"].to_numpy(dtype=np.int64))
         self._lengths = np.ascontiguousarray(index["len"].to_numpy(dtype=np.int64))
@@ -39,10 +49,13 @@ class IndexedJsonlDataset:
 
     @classmethod
     def open(
-        cls, data_path: str | os.PathLike, index_path: str | os.PathLike
+        cls,
+        data_path: str | os.PathLike,
+        index_path: str | os.PathLike,
+        vocab_size: int | None = None,
     ) -> IndexedJsonlDataset:
         """Load the parquet index written by `mini-trainer validate`; refuse a stale one."""
-        return cls(data_path, read_index(index_path, data_path))
+        return cls(data_path, read_index(index_path, data_path), vocab_size)
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -86,6 +99,13 @@ class IndexedJsonlDataset:
                 f"{self.data_path}:{self._lines[i]}: the data no longer matches its index "
                 "(the file changed after validation); rerun `mini-trainer validate`"
             )
+        if self.vocab_size is not None:
+            problem = _token_problem(input_ids, labels, self.vocab_size)
+            if problem:
+                raise UserError(
+                    f"{self.data_path}:{self._lines[i]}: {problem} (the file changed after "
+                    "validation); rerun `mini-trainer validate`"
+                )
         return {"input_ids": input_ids, "labels": labels}
 
     def close(self) -> None:
@@ -101,3 +121,27 @@ class IndexedJsonlDataset:
         state = dict(self.__dict__)
         state["_fd"] = None
         return state
+
+
+def _token_problem(input_ids: list, labels: list, vocab_size: int) -> str | None:
+    """Why a line read at training time cannot be trained on as is, or None (min/max only)."""
+    try:
+        ids = np.asarray(input_ids)
+        targets = np.asarray(labels)
+    except (ValueError, TypeError):
+        return "input_ids/labels: not lists of integers"
+    for name, values in (("input_ids", ids), ("labels", targets)):
+        if values.dtype.kind not in "iu" or values.ndim != 1:
+            return f"{name}: not a list of integers"
+    if len(targets) != len(ids):
+        return f"labels: {len(targets)} labels for {len(ids)} input_ids"
+    if len(ids) and (ids.min() < 0 or ids.max() >= vocab_size):
+        bad = ids.min() if ids.min() < 0 else ids.max()
+        return f"input_ids: token id {bad} is outside the vocabulary (0..{vocab_size - 1})"
+    targets = targets[targets != -100]
+    if len(targets) and (targets.min() < 0 or targets.max() >= vocab_size):
+        bad = targets.min() if targets.min() < 0 else targets.max()
+        return (
+            f"labels: {bad} is neither -100 nor a token id of the vocabulary (0..{vocab_size - 1})"
+        )
+    return None

@@ -32,15 +32,22 @@ def check_outputs(
         check_writable(Path(path).parent, option)
 
 
-def check_writable(folder: Path, option: str) -> None:
-    """Create `folder` if needed and write a temporary file in it, or raise a `UserError`.
+def check_writable(folder: str | os.PathLike, option: str) -> None:
+    """Raise a one-line `UserError` unless files can be written in `folder`.
 
-    Checked before any work, so a read-only or full location fails in a second, not after a
-    long scan. (Permission bits alone say nothing for root: only a real write tells.)
+    The one check every subcommand makes on its output location before any work, so a read-only
+    or full location fails in a second, not after a long scan or SVD. A folder that does not
+    exist yet is not created: its nearest existing ancestor must take a file. (Permission bits
+    alone say nothing for root: only a real write tells.)
     """
+    folder = Path(folder)
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise UserError(f"{folder}: {option}: cannot write there ({existing} is not a folder)")
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
+        with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as error:
         raise UserError(f"{folder}: {option}: cannot write there ({error.strerror})") from None

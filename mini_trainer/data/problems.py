@@ -37,11 +37,19 @@ class ProblemLog:
         if len(self.shown) < self.max_shown:
             self.shown.append(f"{self.file}: {reason}")
 
-    def raise_if_any(self, nothing_written: str = "nothing written", hints=()) -> None:
-        """Raise a `UserError` listing the problems, their total and `hints`, if any."""
+    def raise_if_any(self, nothing_written: str | None = "nothing written", hints=()) -> None:
+        """Raise a `UserError` listing the problems, their total and `hints`, if any.
+
+        `nothing_written` None is for commands whose output is not the checked file's product
+        (evaluate, train): one problem is then its one line, with no total after it.
+        """
         if not self.count:
             return
+        if nothing_written is None and self.count == 1 and self.shown:
+            raise UserError(*self.shown, *hints)
         total = f"{self.file}: {self.count} problem{'s' if self.count != 1 else ''}"
         if self.count > len(self.shown):
             total += f" (first {len(self.shown)} shown)"
-        raise UserError(*self.shown, f"{total}; {nothing_written}", *hints)
+        if nothing_written is not None:
+            total += f"; {nothing_written}"
+        raise UserError(*self.shown, total, *hints)

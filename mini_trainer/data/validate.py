@@ -72,6 +72,7 @@ def build_index(
     progress: bool | None = None,
     workers: int | None = None,
     long_hint: str = VALIDATE_LONG_HINT,
+    outcome: str | None = "no index written",
 ) -> tuple[pd.DataFrame, dict]:
     """Check every line of `data_path`; return the index and a summary, or raise `UserError`.
 
@@ -81,7 +82,8 @@ def build_index(
     `on_long` is "drop". `progress=None` shows a bar only when stderr is a terminal; `workers`
     processes check the file (default: the usable CPUs, up to 8; small files use one).
     `long_hint` (its "{count}" replaced by the number) ends the error when samples are over
-    the cap: the remedy depends on the command that called.
+    the cap: the remedy depends on the command that called. `outcome` ends the total line
+    (None: the caller writes no index, so a single problem is its one line).
     """
     if on_long not in ON_LONG:
         raise ValueError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
@@ -101,7 +103,7 @@ def build_index(
             f"no sample left: all {dropped} are longer than --max-tokens-per-gpu {max_tokens}"
         )
     hints = [long_hint.replace("{count}", str(scan.too_long))] if scan.too_long else []
-    log.raise_if_any("no index written", hints)
+    log.raise_if_any(outcome, hints)
     import pandas as pd  # here: a failing run (the common interactive case) never pays for it
 
     index = pd.DataFrame({name: scan.rows[:, i] for i, name in enumerate(INDEX_COLUMNS)})

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mini_trainer.data.chat import tokenize_conversation
+from mini_trainer.data.outputs import check_writable
 from mini_trainer.demo.tasks import TASKS, corpus_lines, make_conversation
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_path
@@ -132,6 +133,7 @@ def build_demo_assets(
     existing = [str(out / name) for name in ("model", "data") if (out / name).exists()]
     if existing and not overwrite:
         raise UserError(f"{existing[0]}: already exists (pass --force to replace it)")
+    check_writable(out, "--out")
     tokenizer = build_tokenizer(spec)
     model = build_model(spec, tokenizer)
     from transformers.utils import logging as hf_logging

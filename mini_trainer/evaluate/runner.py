@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from mini_trainer.errors import UserError
+from mini_trainer.models.safetensors_file import check_weight_files
 from mini_trainer.training.distributed import Runtime
 
 log = logging.getLogger("mini_trainer")
@@ -43,6 +44,7 @@ def check_inputs(model_path: Path, data_path: Path) -> None:
         problems.append(f"{data_path}: --data: no such file")
     if problems:
         raise UserError(*problems)
+    check_weight_files(model_path)
 
 
 def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtime: Runtime):
@@ -51,10 +53,12 @@ def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtim
     from mini_trainer.data.validate import build_index, read_vocab_size
     from mini_trainer.training.distributed import decided_on_main
 
-    def index_on_main():
-        return build_index(data_path, read_vocab_size(model_path), max_tokens)[0]
+    vocab_size = read_vocab_size(model_path)
 
-    return IndexedJsonlDataset(data_path, decided_on_main(index_on_main, runtime))
+    def index_on_main():
+        return build_index(data_path, vocab_size, max_tokens, outcome=None)[0]
+
+    return IndexedJsonlDataset(data_path, decided_on_main(index_on_main, runtime), vocab_size)
 
 
 def evaluate_model(

@@ -26,7 +26,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
-from mini_trainer.models.loading import PREFIX, SAFETENSORS_DTYPES
+from mini_trainer.models.loading import PREFIX
+from mini_trainer.models.safetensors_file import SAFETENSORS_DTYPES
 from mini_trainer.training.distributed import Runtime
 
 WRITE_BLOCK = 1 << 24

@@ -13,10 +13,7 @@ are not in checkpoints and are recomputed on every rank from the config.
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -25,89 +22,13 @@ from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from mini_trainer.errors import UserError
+from mini_trainer.models.safetensors_file import checkpoint_tensors, read_tensor
 from mini_trainer.training.distributed import Runtime, broadcast_object
 
 log = logging.getLogger("mini_trainer")
 
 PREFIX = "model."
 """`CausalLMWithLoss` holds the Hugging Face model as `.model`: its keys carry this prefix."""
-
-SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U8": torch.uint8, "BOOL": torch.bool,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
-READ_CHUNK = 1 << 28
-"""Bytes per read() call (Linux returns at most ~2 GiB per call anyway)."""
-
-
-@dataclass(frozen=True)
-class TensorEntry:
-    file: Path
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    start: int
-    """Byte offset of the data in `file`."""
-    end: int
-
-
-def read_header(path: Path) -> dict[str, TensorEntry]:
-    """The tensors of one safetensors file (name -> where and what), from its JSON header."""
-    try:
-        with open(path, "rb") as handle:
-            (size,) = struct.unpack("<Q", handle.read(8))
-            header = json.loads(handle.read(size))
-    except (OSError, ValueError, struct.error) as error:
-        raise UserError(f"{path}: not a readable safetensors file ({error})") from None
-    header.pop("__metadata__", None)
-    entries = {}
-    for name, info in header.items():
-        if info["dtype"] not in SAFETENSORS_DTYPES:
-            raise UserError(f"{path}: {name}: unsupported dtype {info['dtype']}")
-        start, end = info["data_offsets"]
-        entries[name] = TensorEntry(
-            path, SAFETENSORS_DTYPES[info["dtype"]], tuple(info["shape"]), 8 + size + start,
-            8 + size + end,
-        )  # fmt: skip
-    return entries
-
-
-def read_tensor(entry: TensorEntry) -> torch.Tensor:
-    """One tensor in its stored dtype, read into a fresh buffer (no memory map)."""
-    out = torch.empty(entry.shape, dtype=entry.dtype)
-    buffer = memoryview(out.reshape(-1).view(torch.uint8).numpy()) if out.numel() else None
-    with open(entry.file, "rb", buffering=0) as handle:
-        handle.seek(entry.start)
-        done, total = 0, entry.end - entry.start
-        while done < total:
-            got = handle.readinto(buffer[done : min(total, done + READ_CHUNK)])
-            if not got:
-                raise UserError(f"{entry.file}: truncated (file ends inside a tensor)")
-            done += got
-    return out
-
-
-def checkpoint_tensors(model_path: str | Path) -> dict[str, TensorEntry]:
-    """Every tensor of the model folder's safetensors weights, in file and offset order."""
-    folder = Path(model_path)
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (OSError, ValueError, KeyError, AttributeError) as error:
-            raise UserError(f"{index}: not a readable safetensors index ({error})") from None
-    elif (folder / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise UserError(
-            f"{folder}: no model.safetensors or model.safetensors.index.json "
-            "(only safetensors checkpoints are supported)"
-        )
-    entries: dict[str, TensorEntry] = {}
-    for name in files:
-        entries.update(read_header(folder / name))
-    return dict(sorted(entries.items(), key=lambda item: (str(item[1].file), item[1].start)))
 
 
 def load_targets(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
 from mini_trainer.osft import cache, svd
 from mini_trainer.osft.targets import candidate_linears, select_targets
@@ -49,6 +50,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
 
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")
+    check_writable(out.parent, "--out")
     targets = model_targets(model_dir, patterns)
     cache.weight_files(model_dir)  # refuses a folder without safetensors before any work
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1

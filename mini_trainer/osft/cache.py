@@ -21,6 +21,12 @@ import torch
 from torch import Tensor
 
 from mini_trainer.errors import UserError
+from mini_trainer.models.safetensors_file import (
+    TensorEntry,
+    checkpoint_tensors,
+    read_tensor,
+    read_tensors,
+)
 
 FORMAT = 1
 META = "meta.json"
@@ -31,38 +37,22 @@ CHUNK = 16 * 1024**2
 
 
 def weight_files(model_dir: Path) -> dict[str, Path]:
-    """Weight name -> the safetensors file of `model_dir` that holds it."""
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: model_dir / file for name, file in weight_map.items()}
-    single = model_dir / "model.safetensors"
-    if not single.is_file():
-        raise UserError(f"{model_dir}: no model.safetensors (OSFT reads safetensors weights)")
-    from safetensors import safe_open
-
-    with safe_open(single, "pt") as handle:
-        return dict.fromkeys(handle.keys(), single)
+    """Weight name -> the safetensors file of `model_dir` that holds it (headers checked)."""
+    return {name: entry.file for name, entry in checkpoint_tensors(model_dir).items()}
 
 
-def _locate(model_dir: Path, names: list[str]) -> dict[str, Path]:
-    files = weight_files(model_dir)
-    missing = [name for name in names if name not in files]
+def _entries(model_dir: Path, names: list[str]) -> dict[str, TensorEntry]:
+    entries = checkpoint_tensors(model_dir)
+    missing = [name for name in names if name not in entries]
     if missing:
         raise UserError(f"{model_dir}: weight {missing[0]} not found in the safetensors files")
-    return files
+    return entries
 
 
 def read_weights(model_dir: Path, names: list[str]) -> dict[str, Tensor]:
     """The named weights of `model_dir`, as stored (dtype included)."""
-    from safetensors import safe_open
-
-    files = _locate(model_dir, names)
-    out = {}
-    for file in sorted({files[name] for name in names}):
-        with safe_open(file, "pt") as handle:
-            out.update({name: handle.get_tensor(name) for name in names if files[name] == file})
-    return {name: out[name] for name in names}
+    entries = _entries(model_dir, names)
+    return {name: read_tensor(entries[name]) for name in names}
 
 
 def tensor_digest(name: str, tensor: Tensor) -> str:
@@ -82,16 +72,9 @@ def combined_hash(digests: dict[str, str]) -> str:
 
 
 def source_hash(model_dir: Path, weight_names: list[str]) -> str:
-    """The content hash of the targeted weights of `model_dir` (read one file at a time)."""
-    from safetensors import safe_open
-
-    files = _locate(model_dir, weight_names)
-    digests = {}
-    for file in sorted({files[name] for name in weight_names}):
-        with safe_open(file, "pt") as handle:
-            for name in weight_names:
-                if files[name] == file:
-                    digests[name] = tensor_digest(name, handle.get_tensor(name))
+    """The content hash of the targeted weights of `model_dir` (read one weight at a time)."""
+    entries = _entries(model_dir, weight_names)
+    digests = {name: tensor_digest(name, read_tensor(entries[name])) for name in weight_names}
     return combined_hash(digests)
 
 
@@ -166,14 +149,9 @@ class SVDCache:
 
     def factors(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
         """(U, S, V) of target module `name`, fp32."""
-        from safetensors import safe_open
-
         path = self.folder / self.meta["targets"][name]["file"]
-        try:
-            with safe_open(path, "pt") as handle:
-                return tuple(handle.get_tensor(f"{name}.{part}") for part in "USV")
-        except Exception as error:  # safetensors raises its own types for bad files
-            raise UserError(f"{path}: unreadable ({error})") from None
+        parts = read_tensors(path, [f"{name}.{part}" for part in "USV"])
+        return tuple(parts.values())
 
 
 def _patterns(patterns: list[str] | None) -> str:

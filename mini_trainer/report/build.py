@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
 from mini_trainer.report import html as h
 from mini_trainer.report import metrics
@@ -116,6 +117,7 @@ def build_report(
     page_path = out_dir / "report.html"
     if page_path.exists() and not force:
         raise UserError(f"{page_path}: already exists (pass --force to replace it)")
+    check_writable(out_dir, "--out")
     if manifest_path is None and not inputs:
         raise UserError("report: nothing to report: give --manifest and/or run folders/eval JSONs")
     manifest = load_manifest(manifest_path) if manifest_path else None

@@ -17,12 +17,13 @@ def load_dataset(args: TrainingArgs, runtime):
     from mini_trainer.data.validate import build_index, read_vocab_size
     from mini_trainer.training.distributed import decided_on_main
 
+    vocab_size = read_vocab_size(args.model_name_or_path)  # every line read is checked against it
     if args.data_index:
-        dataset = IndexedJsonlDataset.open(args.data_path, args.data_index)
+        dataset = IndexedJsonlDataset.open(args.data_path, args.data_index, vocab_size)
         problem = index_fit_problem(
             read_index_metadata(args.data_index),
             int(dataset.lengths.max()),
-            read_vocab_size(args.model_name_or_path),
+            vocab_size,
             args.max_tokens_per_gpu,
         )
         if problem:
@@ -36,8 +37,9 @@ def load_dataset(args: TrainingArgs, runtime):
     )
 
     def index_on_main():
-        vocab_size = read_vocab_size(args.model_name_or_path)
-        return build_index(args.data_path, vocab_size, args.max_tokens_per_gpu, long_hint=hint)[0]
+        return build_index(
+            args.data_path, vocab_size, args.max_tokens_per_gpu, long_hint=hint, outcome=None
+        )[0]
 
     index = decided_on_main(index_on_main, runtime)
-    return IndexedJsonlDataset(args.data_path, index)
+    return IndexedJsonlDataset(args.data_path, index, vocab_size)

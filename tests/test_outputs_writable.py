@@ -1,0 +1,72 @@
+"""Every subcommand checks its output location before any work: an unwritable one is one line,
+exit 2, and nothing is computed or left behind (a read-only tmpfs: root ignores chmod)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+from conftest import base_flags, run_cli
+
+SUBCOMMANDS = [
+    "demo-assets", "validate", "tokenize", "osft-svd", "train", "launch", "evaluate", "report",
+    "manifest",
+]  # fmt: skip
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A folder no one can write into, root included; unmounted by its path afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a read-only tmpfs (chmod does not stop root)")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(folder)],
+                             capture_output=True, text=True)  # fmt: skip
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    yield folder
+    subprocess.run(["umount", str(folder)], check=True)
+
+
+def _command(subcommand, demo_dir, tmp_path, ro):
+    model, data = demo_dir / "model", demo_dir / "data" / "sort.eval.jsonl"
+    chat = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "1 2"}, {"role": "assistant", "content": "2 3"}]
+    chat.write_text(json.dumps({"messages": turns}) + "\n")
+    train = base_flags(demo_dir, ro / "run")
+    return {
+        "demo-assets": ["--out", ro / "demo"],
+        "validate": [data, "--model", model, "--max-tokens-per-gpu", 512,
+                     "--out-index", ro / "i.parquet", "--out-summary", ro / "s.json"],
+        "tokenize": [chat, "--model", model, "--out", ro / "t.jsonl"],
+        "osft-svd": ["--model", model, "--out", ro / "svd"],
+        "train": train,
+        "launch": ["--nproc-per-node", 2, "--", *train],
+        "evaluate": ["--model", model, "--data", data, "--out", ro / "e.json"],
+        "report": ["--out", ro / "report", data],
+        "manifest": ["--out", ro / "m.json", "--task", "sort"],
+    }[subcommand]  # fmt: skip
+
+
+def test_the_list_is_every_subcommand():
+    from mini_trainer.cli import cli
+
+    assert set(SUBCOMMANDS) <= set(cli.commands)
+    assert set(cli.commands) - set(SUBCOMMANDS) <= {"plan"}  # plan writes only to stdout
+
+
+@pytest.mark.parametrize("subcommand", SUBCOMMANDS)
+def test_an_unwritable_output_is_one_line_before_any_work(
+    demo_dir, tmp_path, read_only_dir, subcommand
+):
+    result = run_cli(subcommand, *_command(subcommand, demo_dir, tmp_path, read_only_dir))
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines()
+             if line and not line.startswith("mini-trainer launch (")]  # fmt: skip
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {read_only_dir}"), lines[0]
+    assert lines[0].endswith("cannot write there (Read-only file system)"), lines[0]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["chat.jsonl", "ro"]
