@@ -36,16 +36,19 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
         problems.append(
             "--wandb-project: wandb is not installed (pip install 'mini-trainer[wandb]')"
         )
-    out = Path(args.output_dir)
-    if not args.resume and any(
-        (out / name).exists() for name in ("state", "final", "metrics.jsonl")
-    ):
-        problems.append(
-            f"{out}: --output-dir already holds a training run "
-            "(pass --resume to continue it, or choose another folder)"
-        )
     if problems:
         raise UserError(*problems)
+    check_output_dir(Path(args.output_dir), args.resume)
+
+
+def check_output_dir(out: Path, resume: bool | str) -> None:
+    """Refuse at once a folder that the job's rank 0 would refuse (run_folder.py's rule, without
+    reading state contents); a folder in use by a running job is left to the lock's message."""
+    from mini_trainer.training.run_folder import classify, start_decision
+    from mini_trainer.training.run_lock import in_use
+
+    if not in_use(out):
+        start_decision(classify(out, verify_contents=False), resume)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,10 +21,10 @@ import torch
 from torch import Tensor
 
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import file_sha256
 
 FORMAT = 1
 META = "meta.json"
-CHUNK = 16 * 1024**2
 
 
 # ---------------------------------------------------------------------------- source weights
@@ -93,14 +93,6 @@ def source_hash(model_dir: Path, weight_names: list[str]) -> str:
                 if files[name] == file:
                     digests[name] = tensor_digest(name, handle.get_tensor(name))
     return combined_hash(digests)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def versions() -> dict[str, str]:

@@ -75,7 +75,22 @@ def write_errors(out_dir: Path, what: str, runtime: Runtime) -> Iterator[None]:
 
             remove_stale_temp_dirs(out_dir)
         reason = os_error.strerror or str(os_error)
-        raise UserError(
-            f"{out_dir}: writing {what} failed: {reason} (partial files removed; the states "
-            "already saved are kept: make room and run again with --resume)"
-        ) from None
+        advice = next_step(out_dir)
+        raise UserError(f"{out_dir}: writing {what} failed: {reason} ({advice})") from None
+
+
+def next_step(out_dir: Path) -> str:
+    """What to run after a failed write, by what the next command will accept (run_folder.py):
+    with a saved state, `--resume` continues from it; without one, `--resume auto` keeps this
+    attempt aside and starts over (`--resume` alone would refuse the folder)."""
+    from mini_trainer.training.run_folder import state_dirs
+
+    if state_dirs(out_dir):
+        return (
+            "partial files removed; the states already saved are kept: make room and run "
+            "again with --resume"
+        )
+    return (
+        "partial files removed; no state was saved, so the run cannot continue: make room and "
+        "run again with --resume auto, which keeps this attempt aside and starts over"
+    )
