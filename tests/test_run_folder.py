@@ -176,8 +176,9 @@ def folder_of(kind, **facts):
         (Kind.UNSAVED, True, "holds a run (metrics.jsonl has 3 steps) but no saved state"),
         (Kind.UNSAVED, "auto", MOVE_ASIDE),
         (Kind.FINISHED, False, "already holds a training run"),
-        (Kind.FINISHED, True, "holds a finished run"),
-        (Kind.FINISHED, "auto", "holds a finished run"),
+        (Kind.FINISHED, True, "holds a run (metrics.jsonl has 3 steps) but no saved state to "
+                              "continue from (it finished: final/ exists)"),
+        (Kind.FINISHED, "auto", "(it finished: final/ exists); use a new --output-dir"),
         (Kind.DAMAGED, False, "already holds a training run"),
         (Kind.DAMAGED, True, "OUT: --resume: no intact state to continue from"),
         (Kind.DAMAGED, "auto", "OUT: --resume: no intact state to continue from"),

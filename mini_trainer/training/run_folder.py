@@ -209,8 +209,8 @@ def start_decision(folder: RunFolder, resume: bool | str) -> str:
     )
     if kind is Kind.FINISHED:
         raise UserError(
-            f"{out}: --resume: the folder holds a finished run ({ran}, final/) but no saved state "
-            "to continue from; use a new --output-dir"
+            f"{out}: --resume: the folder holds a run ({ran}) but no saved state to continue "
+            "from (it finished: final/ exists); use a new --output-dir"
         )
     raise UserError(
         f"{out}: --resume: the folder holds a run ({ran}) but no saved state to continue from "
