@@ -232,8 +232,8 @@ def test_choose_state_moves_an_unsaved_attempt_aside_under_auto_only(tmp_path, c
     (aside,) = tmp_path.glob("run.unsaved-*")
     assert (aside / "metrics.jsonl").exists() and not (tmp_path / "run" / "metrics.jsonl").exists()
     (line,) = caplog.messages
-    assert line == (f"no saved state in {tmp_path / 'run'} (it saved no state): the earlier "
-                    f"attempt is kept in {aside}, training starts over")  # fmt: skip
+    assert line == (f"no saved state in {tmp_path / 'run'}: the earlier attempt is kept in "
+                    f"{aside}, training starts over")  # fmt: skip
 
 
 def test_a_recorded_bad_input_stop_is_moved_aside_without_a_resume_flag(tmp_path):
@@ -336,3 +336,72 @@ def test_trainer_state_round_trips_and_reads_old_and_torn_files():
     for torn in ("", '{"progress": {"step": 4', '{"sampler": {}}', '{"progress": {"nope": 1}}'):
         with pytest.raises(TornTrainerState):
             TrainerState.from_json(torn)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def _break_sample(data, index_file, sample):
+    """Rewrite one sample's line with one token fewer, same byte size: the index no longer
+    matches it (what an edit after `validate` looks like to the reader). Returns the undo."""
+    import pandas as pd
+
+    row = pd.read_parquet(index_file).iloc[sample]
+    original = data.read_bytes()
+    start, size = int(row["offset"]), int(row["nbytes"])
+    line = json.loads(original[start : start + size])
+    line = {**line, "input_ids": line["input_ids"][:-1], "labels": line["labels"][:-1]}
+    line.pop("len", None)
+    text = json.dumps(line).encode()
+    assert len(text) <= size
+    data.write_bytes(original[:start] + text.ljust(size) + original[start + size :])
+    return int(row["line"]), lambda: data.write_bytes(original)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(demo_dir, tmp_path):
+    import subprocess
+    import sys
+
+    import pandas as pd
+    from conftest import read_metrics, subprocess_env
+
+    from mini_trainer.batching.sampler import BatchSampler
+
+    data = tmp_path / "data.jsonl"
+    data.write_bytes((demo_dir / "data" / "sort_plus1.train.jsonl").read_bytes())
+    index = tmp_path / "index.parquet"
+    summary = tmp_path / "summary.json"
+    run_cli("validate", data, "--model", demo_dir / "model", "--max-tokens-per-gpu", 512,
+            "--out-index", index, "--out-summary", summary, check=True)  # fmt: skip
+    out = tmp_path / "run"
+    flags = [*base_flags(demo_dir, out, **{"data-path": data, "data-index": index,
+             "training-mode": "step", "max-steps": 4, "save-every-steps": 4})]  # fmt: skip
+    sampler = BatchSampler(len(pd.read_parquet(index)), 16, 7)  # --batch-size 16 --seed 7
+    seen = [set(sampler.next_batch().indices.tolist()) for _ in range(3)]
+    sample = min(seen[2] - seen[0] - seen[1])  # first read by step 3
+    line, undo = _break_sample(data, index, sample)
+
+    def run():
+        return subprocess.run(
+            [sys.executable, "-m", "mini_trainer.train", *map(str, flags)],
+            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+        )  # fmt: skip
+
+    failed = run()
+    assert failed.returncode == 2, failed.stderr
+    errors = [text for text in failed.stderr.splitlines() if text.startswith("error")]
+    assert errors == [f"error: {data}:{line}: the data no longer matches its index (the file "
+                      "changed after validation); rerun `mini-trainer validate`"]  # fmt: skip
+    assert [row["step"] for row in read_metrics(out)] == [1, 2]
+    assert not list((out / "state").glob("step_*"))
+    undo()
+    again = run()  # the same command, no --resume
+    assert again.returncode == 0, again.stderr
+    (aside,) = tmp_path.glob("run.unsaved-*")
+    assert [row["step"] for row in read_metrics(aside)] == [1, 2]  # the attempt, kept
+    assert json.loads((aside / STOPPED_BY_ERROR).read_text())["lines"] == [errors[0][7:]]
+    assert [row["step"] for row in read_metrics(out)] == [1, 2, 3, 4]
+    assert not (out / STOPPED_BY_ERROR).exists()
+    said = f"no saved state in {out}: the earlier attempt is kept in {aside}, training starts over"
+    assert said in again.stderr

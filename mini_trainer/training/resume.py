@@ -40,10 +40,9 @@ def choose_state(out_dir: Path, fingerprint: dict | None, resume: bool | str = T
     decision = run_folder.start_decision(folder, resume)
     if decision == run_folder.MOVE_ASIDE:
         aside = run_folder.move_aside(Path(out_dir))
-        why = "bad input stopped it" if folder.stopped_by_error else "it saved no state"
         log.warning(
-            "no saved state in %s (%s): the earlier attempt is kept in %s, training starts over",
-            out_dir, why, aside,
+            "no saved state in %s: the earlier attempt is kept in %s, training starts over",
+            out_dir, aside,
         )  # fmt: skip
         return None
     if decision == run_folder.START:
