@@ -79,13 +79,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the training loop listens for it
         print(f"[rank{rank}] interrupted before training started", file=sys.stderr)
         return 130
-    except Exception:
+    except (Exception, _checkpoint_exception()):
         if not write_report(rank, 1, traceback=traceback.format_exc()):
             raise
         return 1
     if status:
         write_report(rank, status)
     return status
+
+
+def _checkpoint_exception() -> type[BaseException]:
+    """DCP's `CheckpointException` (a BaseException, so `except Exception` misses it)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
 
 
 def _print_error(error: UserError, rank: int, local_rank: int, started: bool) -> None:

@@ -352,7 +352,7 @@ def _break_sample(data, index_file, sample):
     line = json.loads(original[start : start + size])
     line = {**line, "input_ids": line["input_ids"][:-1], "labels": line["labels"][:-1]}
     line.pop("len", None)
-    text = json.dumps(line).encode()
+    text = json.dumps(line, separators=(",", ":")).encode()
     assert len(text) <= size
     data.write_bytes(original[:start] + text.ljust(size) + original[start + size :])
     return int(row["line"]), lambda: data.write_bytes(original)
@@ -369,7 +369,9 @@ def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(d
     from mini_trainer.batching.sampler import BatchSampler
 
     data = tmp_path / "data.jsonl"
-    data.write_bytes((demo_dir / "data" / "sort_plus1.train.jsonl").read_bytes())
+    # Big enough that a line in the middle lies outside the first and last MiB, which the
+    # index's stale-file check hashes (an edit there is what only the reader can catch).
+    data.write_bytes((demo_dir / "data" / "sort_plus1.train.jsonl").read_bytes() * 5)
     index = tmp_path / "index.parquet"
     summary = tmp_path / "summary.json"
     run_cli("validate", data, "--model", demo_dir / "model", "--max-tokens-per-gpu", 512,
@@ -377,9 +379,12 @@ def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(d
     out = tmp_path / "run"
     flags = [*base_flags(demo_dir, out, **{"data-path": data, "data-index": index,
              "training-mode": "step", "max-steps": 4, "save-every-steps": 4})]  # fmt: skip
-    sampler = BatchSampler(len(pd.read_parquet(index)), 16, 7)  # --batch-size 16 --seed 7
+    rows = pd.read_parquet(index)
+    sampler = BatchSampler(len(rows), 16, 7)  # --batch-size 16 --seed 7
     seen = [set(sampler.next_batch().indices.tolist()) for _ in range(3)]
-    sample = min(seen[2] - seen[0] - seen[1])  # first read by step 3
+    middle = set(rows.index[(rows["offset"] > 2**20) & (rows["offset"] < data.stat().st_size
+                                                         - 2**21)])  # fmt: skip
+    sample = min((seen[2] - seen[0] - seen[1]) & middle)  # first read by step 3
     line, undo = _break_sample(data, index, sample)
 
     def run():
