@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 
-def timed(fn) -> float:
-    started = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of `fn()`."""
+    started, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, time.process_time() - cpu
 
 
 def main() -> None:
@@ -59,8 +60,8 @@ def main() -> None:
         optimizer.step()
         state = TrainerState(progress=Progress(step=1))
         real_write = checkpoint.write_checksums
-        times: dict[str, list[float]] = {k: [] for k in ("plain", "checksums", "check", "verify",
-                                                           "load")}  # fmt: skip
+        sides = ("plain", "checksums", "check", "verify", "load")
+        times: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
         for repeat in range(args.repeats):
             for side in ("plain", "checksums") if repeat % 2 else ("checksums", "plain"):
                 out = work / f"{side}-{repeat}"
@@ -76,9 +77,8 @@ def main() -> None:
                 timed(lambda: checkpoint.load_state(saved, model, optimizer, runtime))  # noqa: B023
             )
         size = sum(f.stat().st_size for f in saved.iterdir())
-        median = {name: statistics.median(values) for name, values in times.items()}
-        added_save = median["checksums"] - median["plain"]
-        added_resume = median["verify"] - median["check"]
+        wall = {name: statistics.median(w for w, _ in values) for name, values in times.items()}
+        cpu = {name: statistics.median(c for _, c in values) for name, values in times.items()}
         print(f"model {model_dir}; state {size / 2**20:.1f} MiB ({len(list(saved.iterdir()))} "
               f"files); {args.repeats} interleaved repeats; load average "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
@@ -87,11 +87,14 @@ def main() -> None:
                             ("check", "damage check, sizes and small files"),
                             ("verify", "damage check with checksums verified"),
                             ("load", "load_state (reference)")):  # fmt: skip
-            print(f"  {label:40s} median {median[name] * 1000:8.1f} ms")
-        print(f"added at save:   {added_save * 1000:7.1f} ms = "
-              f"{100 * added_save / median['plain']:5.1f}% of a state save")  # fmt: skip
-        print(f"added at resume: {added_resume * 1000:7.1f} ms = "
-              f"{100 * added_resume / median['plain']:5.1f}% of a state save")  # fmt: skip
+            print(f"  {label:40s} median {wall[name] * 1000:8.1f} ms wall "
+                  f"{cpu[name] * 1000:8.1f} ms CPU")  # fmt: skip
+        for what, (a, b) in (("save", ("plain", "checksums")), ("resume", ("check", "verify"))):
+            added_wall, added_cpu = wall[b] - wall[a], cpu[b] - cpu[a]
+            print(f"added at {what + ':':7s} {added_wall * 1000:7.1f} ms wall = "
+                  f"{100 * added_wall / wall['plain']:5.1f}% of a state save; "
+                  f"{added_cpu * 1000:7.1f} ms CPU = "
+                  f"{100 * added_cpu / wall['plain']:5.1f}%")  # fmt: skip
         shutdown()
     finally:
         shutil.rmtree(work, ignore_errors=True)

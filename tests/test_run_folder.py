@@ -371,7 +371,7 @@ def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(d
     data = tmp_path / "data.jsonl"
     # Big enough that a line in the middle lies outside the first and last MiB, which the
     # index's stale-file check hashes (an edit there is what only the reader can catch).
-    data.write_bytes((demo_dir / "data" / "sort_plus1.train.jsonl").read_bytes() * 5)
+    data.write_bytes((demo_dir / "data" / "sort_plus1.train.jsonl").read_bytes() * 8)
     index = tmp_path / "index.parquet"
     summary = tmp_path / "summary.json"
     run_cli("validate", data, "--model", demo_dir / "model", "--max-tokens-per-gpu", 512,
@@ -382,8 +382,9 @@ def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(d
     rows = pd.read_parquet(index)
     sampler = BatchSampler(len(rows), 16, 7)  # --batch-size 16 --seed 7
     seen = [set(sampler.next_batch().indices.tolist()) for _ in range(3)]
-    middle = set(rows.index[(rows["offset"] > 2**20) & (rows["offset"] < data.stat().st_size
-                                                         - 2**21)])  # fmt: skip
+    offsets = rows["offset"].to_numpy()
+    middle = {int(i) for i, offset in enumerate(offsets)
+              if 2**20 < offset < data.stat().st_size - 2**20 - 4096}  # fmt: skip
     sample = min((seen[2] - seen[0] - seen[1]) & middle)  # first read by step 3
     line, undo = _break_sample(data, index, sample)
 
