@@ -47,7 +47,8 @@ def write_checksums(folder: Path, runtime: Runtime) -> None:
 
     Call when every other file of the state is written and synced (after a barrier).
     """
-    grouped = dist.is_initialized()  # a lone process (tests, tools) hashes everything itself
+    # a lone process (world of one, tests, tools) hashes everything itself, with no collective
+    grouped = dist.is_initialized() and runtime.world_size > 1
     files = listed_files(folder) if runtime.is_main else None
     if grouped:
         files = broadcast_object(files, runtime)
