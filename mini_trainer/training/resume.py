@@ -25,7 +25,7 @@ from mini_trainer.errors import UserError
 from mini_trainer.training import run_folder
 from mini_trainer.training.distributed import Runtime, decided_on_main
 from mini_trainer.training.fingerprint import MAY_CHANGE_ON_RESUME, differences
-from mini_trainer.training.run_folder import damage, newest_intact_name  # noqa: F401 (re-exported)
+from mini_trainer.training.run_folder import damage  # noqa: F401 (re-exported for callers)
 from mini_trainer.training.trainer_state import TrainerState
 
 log = logging.getLogger("mini_trainer")
