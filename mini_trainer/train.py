@@ -45,20 +45,23 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
         problems.append(
             "--wandb-project: wandb is not installed (pip install 'mini-trainer[wandb]')"
         )
-    out = Path(args.output_dir)
     try:
-        check_writable(out, "--output-dir")
+        check_writable(Path(args.output_dir), "--output-dir")
     except UserError as error:
         problems += error.lines
-    if not args.resume and any(
-        (out / name).exists() for name in ("state", "final", "metrics.jsonl")
-    ):
-        problems.append(
-            f"{out}: --output-dir already holds a training run "
-            "(pass --resume to continue it, or choose another folder)"
-        )
     if problems:
         raise UserError(*problems)
+    check_output_dir(Path(args.output_dir), args.resume)
+
+
+def check_output_dir(out: Path, resume: bool | str) -> None:
+    """Refuse at once a folder that the job's rank 0 would refuse (run_folder.py's rule, without
+    reading state contents); a folder in use by a running job is left to the lock's message."""
+    from mini_trainer.training.run_folder import classify, start_decision
+    from mini_trainer.training.run_lock import in_use
+
+    if not in_use(out):
+        start_decision(classify(out, verify_contents=False), resume)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -92,13 +95,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the training loop listens for it
         print(f"[rank{rank}] interrupted before training started", file=sys.stderr)
         return 130
-    except Exception:
+    except (Exception, _checkpoint_exception()):
         if not write_report(rank, 1, traceback=traceback.format_exc()):
             raise
         return 1
     if status:
         write_report(rank, status)
     return status
+
+
+def _checkpoint_exception() -> type[BaseException]:
+    """DCP's `CheckpointException` (a BaseException, so `except Exception` misses it)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException
 
 
 def _print_error(error: UserError, rank: int, local_rank: int, started: bool) -> None:

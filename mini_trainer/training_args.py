@@ -33,6 +33,8 @@ SCHEDULERS_NEEDING_TOTAL = ("linear", "cosine", "cosine_with_restarts", "polynom
 TRAINING_MODES = ("epoch", "step", "token", "infinite")
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
 OSFT_RANK_MODES = ("uniform", "adaptive")
+RESUME_AUTO = "auto"
+"""`--resume auto`: start, continue, or move an unsaved attempt aside (training/run_folder.py)."""
 
 
 def _arg(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:
@@ -107,7 +109,13 @@ class TrainingArgs:
     data_index: str | None = _arg(
         None, "Lengths index from `mini-trainer validate`; built (same checks) when omitted."
     )
-    resume: bool = _arg(False, "Continue from the newest complete state/step_<K>/.")
+    resume: bool | str = _arg(
+        False,
+        "Continue from the newest intact state/step_<K>/ (a folder with nothing trained starts "
+        "from step 0). `--resume auto` also takes a folder whose attempt saved no state: it is "
+        "moved aside to OUT.unsaved-<UTC time> and the run starts over.",
+        optional_value=RESUME_AUTO,
+    )
     save_every_steps: int | None = _arg(
         None, "Write state/step_<K>/ every K optimizer steps.", minimum=1
     )
@@ -185,6 +193,8 @@ class TrainingArgs:
         yield from _choice("training_mode", self.training_mode, TRAINING_MODES)
         yield from _choice("save_dtype", self.save_dtype, SAVE_DTYPES)
         yield from _choice("osft_rank_mode", self.osft_rank_mode, OSFT_RANK_MODES)
+        if not (self.resume is True or self.resume is False or self.resume == RESUME_AUTO):
+            yield f"--resume: unknown value {self.resume!r} (give no value, or {RESUME_AUTO})"
         if self.training_mode in TRAINING_MODES:
             needed = {"step": "max_steps", "token": "max_tokens"}
             limit = needed.get(self.training_mode)
@@ -398,7 +408,9 @@ def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.Argumen
             help_text += " (required)"
         elif f.default not in (None, False):
             help_text += f" (default: {f.default})"
-        if kind is bool:
+        if kind is bool and "optional_value" in f.metadata:  # --resume, or --resume auto
+            parser.add_argument(flag, nargs="?", const=True, help=help_text)
+        elif kind is bool:
             parser.add_argument(flag, action="store_true", help=help_text)
         elif kind is list:
             parser.add_argument(flag, nargs="+", help=help_text)
@@ -442,7 +454,7 @@ def to_cli_args(args: TrainingArgs) -> list[str]:
         flag = f"--{_flag(f.name)}"
         if types_by_name[f.name] is bool:
             if value:
-                out.append(flag)
+                out += [flag] if value is True else [flag, str(value)]
         elif value is None:
             continue
         elif isinstance(value, list):

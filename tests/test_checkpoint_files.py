@@ -1,4 +1,5 @@
-"""Which state `--resume` picks, clean-up of interrupted saves, and the metrics rewind."""
+"""Pruning states, clean-up of interrupted saves, and the metrics rewind (which state a resume
+picks: tests/test_run_folder.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import json
 from mini_trainer.training.checkpoint import (
     TRAINER_STATE,
     _prune_states,
-    newest_state,
     remove_stale_temp_dirs,
 )
 from mini_trainer.training.metrics import truncate_metrics
@@ -21,18 +21,6 @@ def make_state(root, step, trainer_state='{"progress": {}}', metadata=True):
     if metadata:
         (path / ".metadata").write_bytes(b"dcp")
     return path
-
-
-def test_newest_complete_state_wins_and_incomplete_ones_are_ignored(tmp_path):
-    assert newest_state(tmp_path) is None
-    make_state(tmp_path, 5)
-    good = make_state(tmp_path, 10)
-    make_state(tmp_path, 20, trainer_state=None)  # died before the trainer state
-    make_state(tmp_path, 30, trainer_state="")  # torn file
-    make_state(tmp_path, 40, metadata=False)  # sharded checkpoint never finished
-    (tmp_path / "state" / ".step_50.tmp-123").mkdir()
-    (tmp_path / "state" / "step_x").mkdir()
-    assert newest_state(tmp_path) == good
 
 
 def test_prune_keeps_the_newest(tmp_path):

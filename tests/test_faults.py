@@ -56,6 +56,20 @@ def test_validate_and_tokenize_refuse_a_read_only_output_before_scanning(demo_di
     assert not (tmp_path / "s.json").exists()
 
 
+def _worker(*flags):
+    """`python -m mini_trainer.train FLAGS`: a world of one process."""
+    return subprocess.run(
+        [sys.executable, "-m", "mini_trainer.train", *map(str, flags)],
+        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+
+
+NO_STATE_ADVICE = (
+    "partial files removed; no state was saved, so the run cannot continue: make room and run "
+    "again with --resume auto, which keeps this attempt aside and starts over"
+)
+
+
 @pytest.mark.slow
 def test_a_full_disk_during_a_state_save_is_one_line_and_leaves_no_partial_folder(
     demo_dir, tmp_path
@@ -63,18 +77,58 @@ def test_a_full_disk_during_a_state_save_is_one_line_and_leaves_no_partial_folde
     with tmpfs(tmp_path / "small", "size=6m") as small:
         out = small / "run"
         flags = {"training-mode": "step", "max-steps": 2, "save-every-steps": 1}
-        result = subprocess.run(
-            [sys.executable, "-m", "mini_trainer.train", *base_flags(demo_dir, out, **flags)],
-            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-        )  # fmt: skip
+        result = _worker(*base_flags(demo_dir, out, **flags))
         assert result.returncode == 2, result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        # No state was saved before: --resume would refuse the folder, so it is not the advice.
         assert errors == [f"error: {out}: writing state/step_1 failed: No space left on device "
-                          "(partial files removed; the states already saved are kept: make room "
-                          "and run again with --resume)"], result.stderr  # fmt: skip
+                          f"({NO_STATE_ADVICE})"], result.stderr  # fmt: skip
         assert "Traceback" not in result.stderr
         leftovers = [p.name for p in (out / "state").iterdir()] if (out / "state").exists() else []
         assert leftovers == []
+
+
+@pytest.mark.slow
+def test_a_full_disk_on_two_ranks_is_one_line_from_every_rank_and_resume_continues(
+    demo_dir, tmp_path
+):
+    """The first state fits, the second does not: DCP raises on both ranks; neither prints a
+    traceback (rank 1 used to, when rank 0's clean-up freed the disk before rank 1 probed it);
+    one line advises --resume, which continues after making room."""
+    from conftest import read_metrics, run_launcher
+
+    with tmpfs(tmp_path / "small", "size=15m") as small:
+        out = small / "run"
+        flags = base_flags(demo_dir, out, **{"training-mode": "step", "max-steps": 3,
+                                             "save-every-steps": 1})  # fmt: skip
+        result = run_launcher(*flags)
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr + result.stdout, result.stderr
+        errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+        assert errors == [f"error: {out}: writing state/step_2 failed: No space left on device "
+                          "(partial files removed; the states already saved are kept: make room "
+                          "and run again with --resume)"], result.stderr  # fmt: skip
+        assert sorted(p.name for p in (out / "state").iterdir()) == ["step_1"]
+        subprocess.run(["mount", "-o", "remount,size=64m", str(small)], check=True)
+        again = run_launcher(*flags, "--resume")
+        assert again.returncode == 0, again.stderr
+        assert [row["step"] for row in read_metrics(out)] == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_a_full_disk_writing_final_without_a_state_advises_what_the_next_command_accepts(
+    demo_dir, tmp_path
+):
+    with tmpfs(tmp_path / "small", "size=2m") as small:
+        out = small / "run"
+        flags = {"training-mode": "step", "max-steps": 1, "save-final-checkpoint": True}
+        result = _worker(*base_flags(demo_dir, out, **flags))
+        assert result.returncode == 2, result.stderr
+        errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+        assert errors == [f"error: {out}: writing final failed: No space left on device "
+                          f"({NO_STATE_ADVICE})"], result.stderr  # fmt: skip
+        assert "Traceback" not in result.stderr
+        assert not (out / "final").exists()
 
 
 def _model_copy(demo_dir, tmp_path):

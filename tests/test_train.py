@@ -335,7 +335,7 @@ def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
 
 
 def test_sigterm_to_torchrun_reaches_every_rank_and_saves_a_complete_state(demo_dir, tmp_path):
-    from mini_trainer.training.checkpoint import newest_state
+    from mini_trainer.training.run_folder import classify
 
     out = tmp_path / "run"
     argv = torchrun_command(*base_flags(demo_dir, out, **{"training-mode": "infinite"}))
@@ -352,7 +352,7 @@ def test_sigterm_to_torchrun_reaches_every_rank_and_saves_a_complete_state(demo_
     _, stderr = process.communicate(timeout=300)
     assert process.returncode != 0  # torchrun reports the preempted job as failed
     assert "stopped by SIGTERM" in stderr
-    state = newest_state(out)
+    state = classify(out).state  # the newest intact state (checksums verified)
     assert state is not None
     assert sorted(p.name for p in state.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
     assert read_metrics(out)[-1]["step"] == int(state.name.removeprefix("step_"))

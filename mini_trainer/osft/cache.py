@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import file_sha256
 from mini_trainer.models.safetensors_file import (
     TensorEntry,
     checkpoint_tensors,
@@ -30,7 +31,6 @@ from mini_trainer.models.safetensors_file import (
 
 FORMAT = 1
 META = "meta.json"
-CHUNK = 16 * 1024**2
 
 
 # ---------------------------------------------------------------------------- source weights
@@ -76,14 +76,6 @@ def source_hash(model_dir: Path, weight_names: list[str]) -> str:
     entries = _entries(model_dir, weight_names)
     digests = {name: tensor_digest(name, read_tensor(entries[name])) for name in weight_names}
     return combined_hash(digests)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def versions() -> dict[str, str]:

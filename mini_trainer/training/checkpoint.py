@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import random
-import re
 import shutil
 from pathlib import Path
 
@@ -23,11 +22,12 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from mini_trainer.io_utils import atomic_path, publish_dir
 from mini_trainer.training.distributed import Runtime, broadcast_object
+from mini_trainer.training.run_folder import state_dirs
+from mini_trainer.training.state_checksums import write_checksums
+from mini_trainer.training.trainer_state import TRAINER_STATE, TrainerState
 
 log = logging.getLogger("mini_trainer")
 
-STATE_PATTERN = re.compile(r"^step_(\d+)$")
-TRAINER_STATE = "trainer_state.json"
 TRAINING_ARGS = "training_args.json"
 MAX_SHARD_BYTES = 5 * 1024**3
 
@@ -100,52 +100,31 @@ def _write_hf_extras(config, model_path: str, out: Path, dtype) -> None:
 
 
 def save_state(
-    out_dir: Path, step: int, model, optimizer, trainer_state: dict, runtime: Runtime, keep: int
+    out_dir: Path,
+    step: int,
+    model,
+    optimizer,
+    trainer_state: TrainerState,
+    runtime: Runtime,
+    keep: int,
 ) -> Path:
-    """Write `state/step_<step>/`: sharded model and optimizer, trainer state, RNG per rank."""
+    """Write `state/step_<step>/`: sharded model and optimizer, trainer state, RNG per rank,
+    and last `checksums.json` (every other file's sha256); then publish it by a rename."""
     final = out_dir / "state" / f"step_{step}"
     tmp = _shared_temp_dir(final, runtime)
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
     _write_synced(tmp / f"rng_rank{runtime.rank}.pt", _rng_state())
-    dist.barrier()
     if runtime.is_main:
-        _write_synced(tmp / TRAINER_STATE, json.dumps(trainer_state, indent=2))
+        _write_synced(tmp / TRAINER_STATE, trainer_state.to_json())
+    dist.barrier()
+    write_checksums(tmp, runtime)
+    if runtime.is_main:
         publish_dir(tmp, final)
         _prune_states(out_dir / "state", keep)
         log.info("saved training state %s", final)
     dist.barrier()
     return final
-
-
-def newest_state(out_dir: Path) -> Path | None:
-    """The complete state folder with the highest step, or None.
-
-    Temporary folders of an interrupted save are ignored, and so is a `step_<K>` whose trainer
-    state does not parse or whose sharded checkpoint has no metadata: resume then falls back to
-    the next older state.
-    """
-    states = sorted(_complete_states(out_dir / "state"), key=lambda item: item[0])
-    return states[-1][1] if states else None
-
-
-def _is_complete(path: Path) -> bool:
-    try:
-        json.loads((path / TRAINER_STATE).read_text())
-    except (OSError, ValueError):
-        return False
-    return (path / ".metadata").is_file()
-
-
-def _complete_states(state_root: Path) -> list[tuple[int, Path]]:
-    if not state_root.is_dir():
-        return []
-    found = []
-    for path in state_root.iterdir():
-        match = STATE_PATTERN.match(path.name)
-        if match and _is_complete(path):
-            found.append((int(match.group(1)), path))
-    return found
 
 
 def remove_stale_temp_dirs(out_dir: Path) -> None:
@@ -157,12 +136,13 @@ def remove_stale_temp_dirs(out_dir: Path) -> None:
 
 
 def _prune_states(state_root: Path, keep: int) -> None:
-    states = sorted(_complete_states(state_root), key=lambda item: item[0])
-    for _, path in states[:-keep]:
+    """Keep the newest `keep` published states. Called right after a save, so the newest one is
+    the state just written whole; older damaged ones were moved aside when a resume met them."""
+    for _, path in state_dirs(state_root.parent)[keep:]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def load_state(path: Path, model, optimizer, runtime: Runtime) -> dict:
+def load_state(path: Path, model, optimizer, runtime: Runtime) -> TrainerState:
     """Load a state written by `save_state` into `model` and `optimizer`; return trainer state."""
     model_state, optim_state = get_state_dict(model, optimizer)
     loaded = {"model": model_state, "optim": optim_state}
@@ -175,7 +155,7 @@ def load_state(path: Path, model, optimizer, runtime: Runtime) -> dict:
         _set_rng_state(torch.load(rng_file, weights_only=False))
     else:
         log.warning("%s: no RNG state for rank %d (world size changed?)", path, runtime.rank)
-    return json.loads((path / TRAINER_STATE).read_text())
+    return TrainerState.read(path)
 
 
 def _write_synced(path: Path, content) -> None:

@@ -29,7 +29,7 @@ class Diverged(UserError):
         self.what = what
 
     def at_step(self, step: int, out_dir) -> Diverged:
-        from mini_trainer.training.resume import newest_intact_name
+        from mini_trainer.training.run_folder import newest_intact_name
 
         return Diverged(
             f"step {step}: {self.what}; stopped with nothing saved or exported at this step "

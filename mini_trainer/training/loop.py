@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -20,19 +20,10 @@ import torch
 
 from mini_trainer.errors import UserError
 from mini_trainer.training.distributed import Runtime
+from mini_trainer.training.trainer_state import Progress, TrainerState
 from mini_trainer.training_args import TrainingArgs
 
 log = logging.getLogger("mini_trainer")
-
-
-@dataclass
-class Progress:
-    """Counters that survive a resume (saved in the state's trainer_state.json)."""
-
-    step: int = 0
-    samples_seen: int = 0
-    loss_tokens_seen: int = 0
-    samples_at_last_checkpoint: int = 0
 
 
 @dataclass
@@ -49,19 +40,19 @@ class StepResult:
 def train(args: TrainingArgs, runtime: Runtime) -> int:
     """Run the job to its end (0) or to a requested stop (EXIT_PREEMPTED, state saved)."""
     from mini_trainer.batching.sampler import BatchSampler
-    from mini_trainer.training import checkpoint, divergence, resume
+    from mini_trainer.training import divergence, resume
+    from mini_trainer.training.checkpoint_policy import checkpoints_due
     from mini_trainer.training.data_setup import load_dataset
     from mini_trainer.training.fingerprint import run_fingerprint
-    from mini_trainer.training.flops import ModelFlops
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.method import make_method
-    from mini_trainer.training.metrics import MetricsLogger, truncate_metrics
+    from mini_trainer.training.metrics import MetricsLogger
     from mini_trainer.training.model_setup import build_model
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler
     from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
     from mini_trainer.training.prefetch import StepPrefetcher
+    from mini_trainer.training.run_folder import recording_bad_input
     from mini_trainer.training.run_lock import lock_output_dir
-    from mini_trainer.training.save_guard import write_errors
     from mini_trainer.training.stopping import finished, planned_steps
 
     out = Path(args.output_dir)
@@ -73,7 +64,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     dataset = load_dataset(args, runtime)
     total_steps = planned_steps(args, len(dataset))
     sampler = BatchSampler(len(dataset), args.batch_size, args.seed)
-    # rank 0 picks an intact state of this same run before any model loads
+    # rank 0 picks an intact state of this same run (or moves an unsaved attempt aside) before
+    # any model loads
     run_print = run_fingerprint(args, dataset) if runtime.is_main else None
     resumed_from = resume.pick_state(out, args.resume, run_print, runtime)
 
@@ -82,63 +74,21 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
     model, config = build_model(args, loss_fn, runtime, method)
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-    device_name = torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else None
-    model_flops = ModelFlops.of(model.model, device_name)
 
     # -- optimizer
     optimizer = build_optimizer(args, method.param_groups(model, args.weight_decay))
     scheduler = build_scheduler(args, optimizer, total_steps)
 
     # -- resume (the state was chosen after the data phase)
-    progress = Progress()
-    if resumed_from is not None:
-        saved = checkpoint.load_state(resumed_from, model, optimizer, runtime)
-        scheduler.load_state_dict(saved["scheduler"])
-        try:
-            sampler.load_state_dict(saved["sampler"])
-        except ValueError as error:
-            raise UserError(f"{resumed_from}: --resume: {error}") from None
-        progress = Progress(**saved["progress"])
-        log.info("resumed from %s (step %d)", resumed_from, progress.step)
-    elif args.resume:
-        log.info("--resume: no run under %s yet, starting from step 0", out)
+    progress = restore(resumed_from, model, optimizer, scheduler, sampler, runtime)
     if runtime.is_main:
-        out.mkdir(parents=True, exist_ok=True)
-        checkpoint.remove_stale_temp_dirs(out)
-        truncate_metrics(out / "metrics.jsonl", progress.step)
-        resume.record_start(out, args, resumed_from, progress.step)
+        start_record(out, args, resumed_from, progress.step)
         log.info(
             "%d samples, %d ranks on %s, %s steps planned",
             len(dataset), runtime.world_size, runtime.device, total_steps or "open-ended",
         )  # fmt: skip
     logger = MetricsLogger(out, args, total_steps, progress.step) if runtime.is_main else None
-
-    def save_state() -> None:
-        divergence.check_weights(model, runtime)
-        trainer_state = {
-            "progress": asdict(progress),
-            "sampler": sampler.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "fingerprint": run_print,
-        }
-        with write_errors(out, f"state/step_{progress.step}", runtime):
-            checkpoint.save_state(
-                out, progress.step, model, optimizer, trainer_state, runtime, args.keep_states
-            )
-
-    def save_hf(name: str) -> None:
-        divergence.check_weights(model, runtime)
-        with write_errors(out, name, runtime):
-            checkpoint.save_hf_checkpoint(
-                model,
-                config,
-                args.model_name_or_path,
-                out / name,
-                args.save_dtype,
-                runtime,
-                method.export_weights,
-                training_args=asdict(args),
-            )
+    saver = Saver(out, args, model, optimizer, config, method, runtime)
 
     # -- steps (the next steps' micro-batches are prepared in a background thread)
     model.train()
@@ -147,76 +97,162 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
         max_tokens_per_rank=args.max_tokens_per_gpu, pad_id=pad_id, pin_memory=runtime.is_cuda,
         device=runtime.device,
     )  # fmt: skip
-    try:
-        while not finished(
-            args,
-            steps=progress.step,
-            epochs_completed=sampler.epoch,
-            loss_tokens=progress.loss_tokens_seen,
-        ):
-            started = time.perf_counter()
-            batch = sampler.next_batch()
-            plan, micro_batches = prefetcher.prepare(batch)
-            result = train_step(
-                model, optimizer, scheduler, method, plan, micro_batches, args, runtime,
-                stop_request,
-            )  # fmt: skip
-            step_time = time.perf_counter() - started
-            lengths = dataset.lengths[batch.indices].astype(np.int64)
-            progress.step += 1
-            progress.samples_seen += len(batch.indices)
-            progress.loss_tokens_seen += plan.batch_num_loss_tokens
-            if logger is not None:
-                logger.log({
-                    "step": progress.step,
-                    "epoch": batch.epoch,
-                    "loss": result.loss_sum / plan.batch_num_loss_tokens,
-                    "lr": result.lr,
-                    "grad_norm": result.grad_norm,
-                    "num_loss_tokens": plan.batch_num_loss_tokens,
-                    "num_tokens": plan.num_tokens,
-                    "num_micro_batches": plan.num_micro_batches,
-                    "samples_seen": progress.samples_seen,
-                    "tokens_per_second": plan.num_tokens / step_time,
-                    "step_time_s": step_time,
-                    "peak_memory_gb": result.peak_memory_gb,
-                    "timestamp": time.time(),
-                    **model_flops.step_metrics(
-                        plan.num_tokens, int((lengths**2).sum()), step_time, runtime.world_size
-                    ),
-                })  # fmt: skip
+    step_metrics = StepMetrics(model, dataset, runtime)
+    with recording_bad_input(out, progress):  # then the same command may run again
+        try:
+            while not finished(
+                args,
+                steps=progress.step,
+                epochs_completed=sampler.epoch,
+                loss_tokens=progress.loss_tokens_seen,
+            ):
+                started = time.perf_counter()
+                batch = sampler.next_batch()
+                plan, micro_batches = prefetcher.prepare(batch)
+                result = train_step(
+                    model, optimizer, scheduler, method, plan, micro_batches, args, runtime,
+                    stop_request,
+                )  # fmt: skip
+                step_time = time.perf_counter() - started
+                progress.step += 1
+                progress.samples_seen += len(batch.indices)
+                progress.loss_tokens_seen += plan.batch_num_loss_tokens
+                if logger is not None:
+                    logger.log(step_metrics.row(progress, batch, plan, result, step_time))
 
-            # -- checkpoints
-            samples_since = progress.samples_seen - progress.samples_at_last_checkpoint
-            due_by_samples = bool(args.min_samples_per_checkpoint) and (
-                samples_since >= args.min_samples_per_checkpoint
-            )
-            if due_by_samples or (args.checkpoint_at_epoch and batch.ends_epoch):
-                save_hf(f"hf_format/samples_{progress.samples_seen}")
-                progress.samples_at_last_checkpoint = progress.samples_seen
-            state_due = bool(args.save_every_steps) and progress.step % args.save_every_steps == 0
-            if state_due or result.stop_requested:
-                save_state()
-            if result.stop_requested:
-                log.warning(
-                    "stopped by %s after step %d; state saved; exit status %d (run with --resume)",
-                    stop_request.signal_name or "a signal on another rank",
-                    progress.step,
-                    EXIT_PREEMPTED,
+                # -- after the step: checkpoints that are due
+                due = checkpoints_due(
+                    args,
+                    step=progress.step,
+                    samples_seen=progress.samples_seen,
+                    samples_at_last_checkpoint=progress.samples_at_last_checkpoint,
+                    ends_epoch=batch.ends_epoch,
+                    stop_requested=result.stop_requested,
                 )
-                return EXIT_PREEMPTED
-    except divergence.Diverged as error:
-        raise error.at_step(progress.step + 1, out) from None
-    finally:
-        prefetcher.close()
-        if logger is not None:
-            logger.close()
+                for name in due.exports:
+                    saver.save_hf(name)
+                    progress.samples_at_last_checkpoint = progress.samples_seen
+                if due.state:
+                    saver.save_state(
+                        TrainerState(
+                            progress=replace(progress),
+                            sampler=sampler.state_dict(),
+                            scheduler=scheduler.state_dict(),
+                            fingerprint=run_print,
+                        )
+                    )
+                if result.stop_requested:
+                    log.warning(
+                        "stopped by %s after step %d; state saved; exit status %d "
+                        "(run with --resume)",
+                        stop_request.signal_name or "a signal on another rank",
+                        progress.step,
+                        EXIT_PREEMPTED,
+                    )
+                    return EXIT_PREEMPTED
+        except divergence.Diverged as error:
+            raise error.at_step(progress.step + 1, out) from None
+        finally:
+            prefetcher.close()
+            if logger is not None:
+                logger.close()
 
-    # -- export
-    if args.save_final_checkpoint:
-        save_hf("final")
+        # -- export
+        if args.save_final_checkpoint:
+            saver.save_hf("final")
     log.info("done: %d steps, %d samples", progress.step, progress.samples_seen)
     return 0
+
+
+def restore(resumed_from, model, optimizer, scheduler, sampler, runtime: Runtime) -> Progress:
+    """Load the chosen state into the model, optimizer, scheduler and sampler; its progress."""
+    from mini_trainer.training import checkpoint
+
+    if resumed_from is None:
+        return Progress()
+    saved = checkpoint.load_state(resumed_from, model, optimizer, runtime)
+    scheduler.load_state_dict(saved.scheduler)
+    try:
+        sampler.load_state_dict(saved.sampler)
+    except ValueError as error:
+        raise UserError(f"{resumed_from}: --resume: {error}") from None
+    log.info("resumed from %s (step %d)", resumed_from, saved.progress.step)
+    return saved.progress
+
+
+def start_record(out: Path, args: TrainingArgs, resumed_from, step: int) -> None:
+    """Rank 0: clean up a crashed save's leftovers, rewind metrics, record the start."""
+    from mini_trainer.training import checkpoint, resume
+    from mini_trainer.training.metrics import truncate_metrics
+
+    out.mkdir(parents=True, exist_ok=True)
+    checkpoint.remove_stale_temp_dirs(out)
+    truncate_metrics(out / "metrics.jsonl", step)
+    resume.record_start(out, args, resumed_from, step)
+
+
+class Saver:
+    """Writes the run's checkpoints: HF exports and training states, failures as one line."""
+
+    def __init__(self, out: Path, args: TrainingArgs, model, optimizer, config, method, runtime):
+        self.out, self.args, self.model, self.optimizer = out, args, model, optimizer
+        self.config, self.method, self.runtime = config, method, runtime
+
+    def save_state(self, trainer_state: TrainerState) -> None:
+        from mini_trainer.training import checkpoint, divergence
+        from mini_trainer.training.save_guard import write_errors
+
+        step = trainer_state.progress.step
+        divergence.check_weights(self.model, self.runtime)
+        with write_errors(self.out, f"state/step_{step}", self.runtime):
+            checkpoint.save_state(
+                self.out, step, self.model, self.optimizer, trainer_state, self.runtime,
+                self.args.keep_states,
+            )  # fmt: skip
+
+    def save_hf(self, name: str) -> None:
+        from mini_trainer.training import checkpoint, divergence
+        from mini_trainer.training.save_guard import write_errors
+
+        divergence.check_weights(self.model, self.runtime)
+        with write_errors(self.out, name, self.runtime):
+            checkpoint.save_hf_checkpoint(
+                self.model, self.config, self.args.model_name_or_path, self.out / name,
+                self.args.save_dtype, self.runtime, self.method.export_weights,
+                training_args=asdict(self.args),
+            )  # fmt: skip
+
+
+class StepMetrics:
+    """One `metrics.jsonl` row per step (rank 0), with the model's FLOPs figures."""
+
+    def __init__(self, model, dataset, runtime: Runtime):
+        from mini_trainer.training.flops import ModelFlops
+
+        device_name = torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else None
+        self.flops = ModelFlops.of(model.model, device_name)
+        self.dataset, self.world_size = dataset, runtime.world_size
+
+    def row(self, progress: Progress, batch, plan, result: StepResult, step_time: float) -> dict:
+        lengths = self.dataset.lengths[batch.indices].astype(np.int64)
+        return {
+            "step": progress.step,
+            "epoch": batch.epoch,
+            "loss": result.loss_sum / plan.batch_num_loss_tokens,
+            "lr": result.lr,
+            "grad_norm": result.grad_norm,
+            "num_loss_tokens": plan.batch_num_loss_tokens,
+            "num_tokens": plan.num_tokens,
+            "num_micro_batches": plan.num_micro_batches,
+            "samples_seen": progress.samples_seen,
+            "tokens_per_second": plan.num_tokens / step_time,
+            "step_time_s": step_time,
+            "peak_memory_gb": result.peak_memory_gb,
+            "timestamp": time.time(),
+            **self.flops.step_metrics(
+                plan.num_tokens, int((lengths**2).sum()), step_time, self.world_size
+            ),
+        }
 
 
 def train_step(

@@ -1,13 +1,15 @@
 """`--resume`: which state a run continues from, checked for damage and for being the same run.
 
-Rank 0 decides (`pick_state`), so every rank loads the same state. The rules:
-- no run in the output folder (nothing trained yet): start from step 0;
-- a run but no state at all: refuse (starting over would rewind `metrics.jsonl` and the record);
-- the newest state damaged (a shard shorter than its metadata says, `.metadata`, the trainer
-  state or an RNG file that does not load): fall back to the newest intact one with a warning,
-  and move the damaged ones aside to `state/.damaged-step_<K>` so they are neither pruned in
-  place of good ones nor picked again; none intact: refuse;
-- the chosen state's fingerprint (training/fingerprint.py) differs from this run's: refuse,
+Rank 0 decides (`pick_state`), so every rank loads the same state. What the folder holds and
+what each `--resume` mode may do with it is `run_folder.py`'s (`classify`, `start_decision`);
+here the decision is carried out:
+- start: from step 0;
+- move aside (an unsaved attempt under `--resume auto`, or an attempt that bad input stopped
+  before its first state): everything but the lock goes to `<out>.unsaved-<UTC time>`, one
+  line says so, and the run starts from step 0;
+- resume: damaged states newer than the intact one are moved aside to `state/.damaged-step_<K>`
+  with a warning (so they are neither pruned in place of good ones nor picked again), and the
+  chosen state's fingerprint (training/fingerprint.py) must equal this run's: else refused,
   one line per difference.
 """
 
@@ -16,16 +18,15 @@ from __future__ import annotations
 import json
 import logging
 import os
-import pickle
 import time
 from pathlib import Path
 
-import torch
-
 from mini_trainer.errors import UserError
-from mini_trainer.training.checkpoint import STATE_PATTERN, TRAINER_STATE
+from mini_trainer.training import run_folder
 from mini_trainer.training.distributed import Runtime, decided_on_main
 from mini_trainer.training.fingerprint import MAY_CHANGE_ON_RESUME, differences
+from mini_trainer.training.run_folder import damage  # noqa: F401 (re-exported for callers)
+from mini_trainer.training.trainer_state import TrainerState
 
 log = logging.getLogger("mini_trainer")
 
@@ -33,96 +34,27 @@ RESUMES_FILE = "resumes.jsonl"
 """One line per resume: when, from which state, and which may-change options changed."""
 
 
-def damage(path: Path) -> str | None:
-    """Why the state folder `path` cannot be resumed from, or None when every file checks out.
-
-    Reads the DCP metadata and compares every shard file's size with the bytes the metadata
-    expects in it; loads the trainer state and every RNG file. It does not read the tensors
-    themselves (a same-size corruption inside a shard is not detected).
-    """
-    try:
-        trainer_state = json.loads((path / TRAINER_STATE).read_text())
-        trainer_state["progress"]["step"]  # noqa: B018 (a KeyError means a torn state)
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        return f"{TRAINER_STATE} does not load ({type(error).__name__})"
-    try:
-        with open(path / ".metadata", "rb") as handle:
-            metadata = pickle.load(handle)
-        storage = metadata.storage_data
-    except Exception as error:  # noqa: BLE001 (any unpickling failure means a damaged file)
-        return f".metadata does not load ({type(error).__name__})"
-    needed: dict[str, int] = {}
-    for info in storage.values():
-        end = info.offset + info.length
-        needed[info.relative_path] = max(needed.get(info.relative_path, 0), end)
-    for name, size in sorted(needed.items()):
-        try:
-            actual = os.path.getsize(path / name)
-        except OSError:
-            return f"{name} is missing"
-        if actual < size:
-            return f"{name} has {actual} bytes, its metadata expects at least {size}"
-    rng_files = sorted(path.glob("rng_rank*.pt"))
-    if not rng_files:
-        return "no RNG state (rng_rank*.pt)"
-    for rng_file in rng_files:
-        try:
-            torch.load(rng_file, weights_only=False)
-        except Exception as error:  # noqa: BLE001 (a torn pickle raises many kinds)
-            return f"{rng_file.name} does not load ({type(error).__name__})"
-    return None
-
-
-def _states(out_dir: Path) -> list[tuple[int, Path]]:
-    root = out_dir / "state"
-    if not root.is_dir():
-        return []
-    found = [
-        (int(match.group(1)), path)
-        for path in root.iterdir()
-        if (match := STATE_PATTERN.match(path.name)) and path.is_dir()
-    ]
-    return sorted(found, reverse=True)
-
-
-def _trained_steps(out_dir: Path) -> int:
-    """Rows in metrics.jsonl (0 when there is none): how far a run got."""
-    try:
-        return sum(1 for line in (out_dir / "metrics.jsonl").read_text().splitlines() if line)
-    except OSError:
-        return 0
-
-
-def choose_state(out_dir: Path, fingerprint: dict | None) -> Path | None:
-    """Rank 0: the state to resume from, None for a fresh start, or `UserError` (see module)."""
-    states = _states(out_dir)
-    if not states:
-        steps = _trained_steps(out_dir)
-        finished = [name for name in ("final", "hf_format") if (out_dir / name).exists()]
-        if steps or finished:
-            ran = f"metrics.jsonl has {steps} steps" if steps else f"it has {finished[0]}/"
-            raise UserError(
-                f"{out_dir}: --resume: the folder holds a run ({ran}) but no saved state to "
-                "continue from (pass --save-every-steps to save states); use a new --output-dir"
-            )
+def choose_state(out_dir: Path, fingerprint: dict | None, resume: bool | str = True) -> Path | None:
+    """Rank 0: the state to resume from, None for a start from step 0, or `UserError`."""
+    folder = run_folder.classify(out_dir)
+    decision = run_folder.start_decision(folder, resume)
+    if decision == run_folder.MOVE_ASIDE:
+        aside = run_folder.move_aside(Path(out_dir))
+        log.warning(
+            "no saved state in %s: the earlier attempt is kept in %s, training starts over",
+            out_dir, aside,
+        )  # fmt: skip
         return None
-    damaged = []
-    for _, path in states:
-        reason = damage(path)
-        if reason is None:
-            break
-        damaged.append((path, reason))
-    else:
-        raise UserError(
-            *(f"{path}: damaged: {reason}" for path, reason in damaged),
-            f"{out_dir}: --resume: no intact state to continue from; use a new --output-dir",
-        )
-    for bad, reason in damaged:
+    if decision == run_folder.START:
+        return None
+    path = folder.state
+    assert path is not None
+    for bad, reason in folder.damaged:
         aside = bad.parent / f".damaged-{bad.name}"
         os.replace(bad, aside)
         log.warning("%s: damaged (%s); moved to %s, resuming from %s", bad, reason, aside, path)
     if fingerprint is not None:
-        saved = json.loads((path / TRAINER_STATE).read_text()).get("fingerprint")
+        saved = TrainerState.read(path).fingerprint
         if saved is None:
             log.warning("%s: no fingerprint (saved by an older version): not compared", path)
         elif problems := differences(saved, fingerprint):
@@ -134,11 +66,9 @@ def choose_state(out_dir: Path, fingerprint: dict | None) -> Path | None:
     return path
 
 
-def pick_state(out_dir: Path, resume: bool, fingerprint: dict | None, runtime: Runtime):
+def pick_state(out_dir: Path, resume: bool | str, fingerprint: dict | None, runtime: Runtime):
     """The state every rank resumes from (None: step 0); rank 0 chooses, errors reach all."""
-    if not resume:  # the same on every rank: no collective needed
-        return None
-    return decided_on_main(lambda: choose_state(out_dir, fingerprint), runtime)
+    return decided_on_main(lambda: choose_state(out_dir, fingerprint, resume), runtime)
 
 
 def record_start(out_dir: Path, args, resumed_from: Path | None, step: int) -> None:
@@ -173,11 +103,3 @@ def record_start(out_dir: Path, args, resumed_from: Path | None, step: int) -> N
     }
     with open(out_dir / RESUMES_FILE, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(record) + "\n")
-
-
-def newest_intact_name(out_dir: Path) -> str:
-    """For messages: the newest intact state's path, or "none"."""
-    for _, path in _states(Path(out_dir)):
-        if damage(path) is None:
-            return str(path)
-    return "none"

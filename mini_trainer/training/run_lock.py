@@ -44,6 +44,21 @@ def try_lock(out_dir: Path) -> str | None:
     return None
 
 
+def in_use(out_dir: Path) -> bool:
+    """Whether a job holds `out_dir`'s lock now (creates nothing; for checks before a start)."""
+    try:
+        fd = os.open(out_dir / LOCK_NAME, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # closing drops a lock taken here
+    return False
+
+
 def lock_output_dir(out_dir: Path, runtime: Runtime) -> None:
     """Rank 0 locks the folder for the job's life; every rank raises `UserError` if it cannot."""
     problem = try_lock(out_dir) if runtime.is_main else None

@@ -37,18 +37,12 @@ rule train:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        # An attempt killed before its first saved state leaves steps in metrics.jsonl and no
-        # state: --resume refuses such a folder (it cannot continue it), so it is moved aside,
-        # kept, and the run starts over. The folder's key guarantees it was this same run.
-        "if [ -s {params.run_dir:q}/metrics.jsonl ]"
-        " && ! ls -d {params.run_dir:q}/state/step_* > /dev/null 2>&1; then"
-        " aside={params.run_dir:q}.unsaved-$(date +%Y%m%dT%H%M%S);"
-        " mv {params.run_dir:q} $aside;"
-        " echo no saved state in {params.run_dir:q}: the earlier attempt is kept in $aside,"
-        " training starts over > {log};"
-        " fi;"
+        # One command: the engine decides what the run folder allows (`--resume auto`: start,
+        # continue from the newest intact state, or move an attempt that saved no state aside to
+        # <run_dir>.unsaved-<UTC time> and start over; a folder whose states are all damaged is
+        # refused with exit 2, as `--resume` would). The folder's key guarantees it is this run.
         # Snakemake sets OMP_NUM_THREADS to the job's threads; split them between the processes
         # (computed here, not as a param, so running with more --cores reruns nothing).
         " OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
         " {params.launcher}"
-        " {params.flags} --output-dir {params.run_dir:q} --resume >> {log} 2>&1"
+        " {params.flags} --output-dir {params.run_dir:q} --resume auto > {log} 2>&1"
