@@ -14,6 +14,7 @@ import traceback
 from pathlib import Path
 
 from mini_trainer.errors import UserError
+from mini_trainer.models.hub import not_a_model
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 log = logging.getLogger("mini_trainer")
@@ -26,8 +27,8 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
         value = getattr(args, name)
         if value is not None and not Path(value).is_file():
             problems.append(f"{value}: --{name.replace('_', '-')}: no such file")
-    if not Path(args.model_name_or_path).is_dir():
-        problems.append(f"{args.model_name_or_path}: --model-name-or-path: no such model folder")
+    if problem := not_a_model(args.model_name_or_path, "--model-name-or-path"):
+        problems.append(problem)
     if args.batch_size < world_size:
         problems.append(
             f"--batch-size: {args.batch_size} is smaller than the number of ranks ({world_size})"
@@ -48,6 +49,21 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
         raise UserError(*problems)
 
 
+def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
+    """A Hub id resolved (once per node) to its cache snapshot folder, the revision pinned to
+    its commit: the run, its records and its fingerprint then name the exact weights."""
+    from dataclasses import replace
+
+    from mini_trainer.models.hub import resolve_once_per_node
+
+    resolved = resolve_once_per_node(
+        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
+    )
+    if resolved.commit is None:
+        return args
+    return replace(args, model_name_or_path=str(resolved.folder), model_revision=resolved.commit)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one worker of the job; return its exit status (see training/launcher.py)."""
     from mini_trainer.training.distributed import env_world
@@ -63,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_training_args(argv)
         check_inputs(args, world_size)
+        args = resolve_model_args(args)
         if rank == 0:
             for warning in args.warnings():
                 log.warning("warning: %s", warning)

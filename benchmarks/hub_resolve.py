@@ -1,0 +1,65 @@
+"""What resolving a cached Hub id adds to a command's start, against naming the local folder.
+
+A start resolves its model once (`mini_trainer.models.hub.resolve_once_per_node`). With a local
+folder that is a directory test; with a Hub id it imports huggingface_hub, finds the snapshot
+that `refs/main` names in the cache (offline: `HF_HUB_OFFLINE=1`, as on compute nodes), checks
+it against the cached tree listing and checks the safetensors index. Each sample is a fresh
+interpreter (so the import is paid, as at a real start) that times the resolve call alone;
+the two sides alternate, and the medians are compared.
+
+    python benchmarks/hub_resolve.py [--runs 15]   # builds the demo model and a cache from it
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+PROBE = """
+import sys, time
+started = time.perf_counter()
+from mini_trainer.models.hub import resolve_once_per_node
+resolved = resolve_once_per_node(sys.argv[1])
+print(time.perf_counter() - started, resolved.folder)
+"""
+
+
+def sample(name: str, env: dict) -> float:
+    out = subprocess.run([sys.executable, "-c", PROBE, name], env=env, text=True, check=True,
+                         capture_output=True).stdout.split()  # fmt: skip
+    return float(out[0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=15)
+    runs = parser.parse_args().runs
+    from hf_cache import build_hub_cache
+
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "mini_trainer", "demo-assets", "--out", tmp],
+                       check=True, capture_output=True)  # fmt: skip
+        repo = build_hub_cache(Path(tmp) / "model", Path(tmp) / "hf_home")
+        env = {**os.environ, "PYTHONPATH": str(REPO), **repo.env()}
+        local, hub = [], []
+        for _ in range(runs):
+            local.append(sample(str(Path(tmp) / "model"), env))
+            hub.append(sample(repo.repo_id, env))
+    print(f"load average {os.getloadavg()[0]:.2f}; {runs} fresh interpreters per side")
+    for label, times in (("local folder", local), (f"Hub id {repo.repo_id}", hub)):
+        print(f"{label:>28}: median {statistics.median(times) * 1000:7.1f} ms, "
+              f"max {max(times) * 1000:7.1f} ms")  # fmt: skip
+    extra = statistics.median(hub) - statistics.median(local)
+    print(f"{'added by the Hub id':>28}: {extra * 1000:7.1f} ms (goal: under 1000 ms)")
+
+
+if __name__ == "__main__":
+    main()
