@@ -275,3 +275,38 @@ def test_once_per_node_rank1_waits_for_local_rank0(offline_home, tmp_path):
         outputs[0] == outputs[1]
         and Path(outputs[0]).name == (offline_home.folder / "refs" / "main").read_text()
     )
+
+
+def test_report_provenance_names_hub_models_and_commits(tmp_path):
+    from types import SimpleNamespace
+
+    from mini_trainer.report.sections import provenance_section
+
+    commit = "a" * 40
+    snapshot = tmp_path / "hub" / "models--demo-org--tiny-llama" / "snapshots" / commit
+    run = SimpleNamespace(label="sft lr 0.01", args={"model_name_or_path": str(snapshot)})
+    scored = SimpleNamespace(data={"model": "m", "model_hub_id": REPO_ID, "model_commit": commit})
+    _, _, html = provenance_section([run], {"e": scored}, [])
+    assert "Hub models and their commits" in html
+    assert html.count(commit) >= 2 and REPO_ID in html
+    _, _, plain = provenance_section([SimpleNamespace(label="x", args={})], {}, [])
+    assert "Hub models" not in plain
+
+
+def test_fingerprint_names_both_commits_and_the_pin(demo_model, tmp_path):
+    from mini_trainer.training.fingerprint import differences, model_fingerprint
+
+    repo = build_hub_cache(demo_model, tmp_path)
+    first = (repo.folder / "refs" / "main").read_text()
+    second = repo.add_snapshot({**model_files(demo_model), "README.md": b"moved\n"})
+    snapshots = repo.folder / "snapshots"
+    run = {"options": {}, "data": {"samples": 1}}
+    saved = {**run, "model": model_fingerprint(snapshots / first)}
+    moved = {**run, "model": model_fingerprint(snapshots / second)}
+    assert differences(saved, moved) == [
+        f"--model-revision: the state started from {REPO_ID} commit {first}, this run resolved "
+        f"{REPO_ID} to commit {second} (the Hub's branch moved?); to continue the run, pin it: "
+        f"--model-revision {first}"
+    ]
+    local = {**run, "model": model_fingerprint(demo_model)}  # the same weights, as a folder
+    assert differences(saved, local) == [] and differences(local, saved) == []
