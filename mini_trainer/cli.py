@@ -142,11 +142,16 @@ def validate(
     from mini_trainer.data.validate import build_index, read_vocab_size, summary_text, write_index
 
     check_outputs({"--out-index": out_index, "--out-summary": out_summary}, [data], force)
-    vocab_size = read_vocab_size(resolve_model_option(model, model_revision, weights=False))
+    from mini_trainer.models.hub import hub_source
+
+    folder = resolve_model_option(model, model_revision, weights=False)
+    vocab_size = read_vocab_size(folder)
     index, summary = build_index(
         data, vocab_size, max_tokens_per_gpu, on_long=on_long, workers=workers
     )
     summary["model"] = str(model)
+    if source := hub_source(folder):
+        summary["model_commit"] = source["commit"]
     write_index(index, summary, out_index, out_summary)
     click.echo(summary_text(summary))
     click.echo(f"wrote {out_index}")

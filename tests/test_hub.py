@@ -194,6 +194,9 @@ def test_validate_takes_a_hub_id_and_refuses_an_uncached_one(offline_home, demo_
     run_cli("validate", data, "--model", REPO_ID, "--max-tokens-per-gpu", 512,
             "--out-index", tmp_path / "i.parquet", "--out-summary", tmp_path / "s.json",
             check=True)  # fmt: skip
+    summary = json.loads((tmp_path / "s.json").read_text())
+    commit = (offline_home.folder / "refs" / "main").read_text()
+    assert (summary["model"], summary["model_commit"]) == (REPO_ID, commit)
     bad = run_cli("validate", data, "--model", "demo-org/absent", "--max-tokens-per-gpu", 512,
                   "--out-index", tmp_path / "j.parquet",
                   "--out-summary", tmp_path / "t.json")  # fmt: skip
