@@ -313,3 +313,15 @@ def test_fingerprint_names_both_commits_and_the_pin(demo_model, tmp_path):
     ]
     local = {**run, "model": model_fingerprint(demo_model)}  # the same weights, as a folder
     assert differences(saved, local) == [] and differences(local, saved) == []
+
+
+def test_launcher_refuses_an_uncached_hub_id_before_any_worker(hub_repo, demo_dir, tmp_path):
+    out = tmp_path / "run"
+    flags = base_flags(demo_dir, out, **{"model-name-or-path": "demo-org/absent"})
+    result = subprocess.run(launcher_command(*flags), capture_output=True, text=True,
+                            env=subprocess_env(**hub_repo.env()), cwd=REPO_ROOT,
+                            timeout=300)  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "no cached copy in" in lines[0], result.stderr
+    assert "--model-revision main" in lines[0] and not out.exists()
