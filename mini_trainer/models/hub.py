@@ -15,6 +15,7 @@ of the safetensors index) before it is used: an interrupted download is never ta
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -121,29 +122,55 @@ def resolve_model(
 def _snapshot(hub_id: str, revision: str, weights: bool) -> str:
     """snapshot_download with our patterns, its errors turned into one line each."""
     from huggingface_hub import snapshot_download
+
+    allow = ALLOW_PATTERNS if weights else [p for p in ALLOW_PATTERNS if p != "*.safetensors"]
+    with hub_errors(hub_id, revision):
+        return snapshot_download(
+            hub_id,
+            revision=revision,
+            cache_dir=hub_cache_dir(),
+            local_files_only=offline(),
+            allow_patterns=allow,
+            ignore_patterns=IGNORE_PATTERNS,
+            endpoint=os.environ.get("HF_ENDPOINT") or None,
+        )
+
+
+def lookup_commit(hub_id: str, revision: str = "main") -> str:
+    """The commit `revision` names now, without fetching any file: one Hub call online, the
+    cache's `refs/` offline, nothing for a commit. (The pipeline keys its runs by it.)"""
+    from huggingface_hub import HfApi
+
+    revision = revision or "main"
+    if COMMIT.match(revision):
+        return revision
+    if problem := not_a_model(hub_id):
+        raise UserError(problem)
+    with hub_errors(hub_id, revision):
+        api = HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None)
+        return api.resolve_revision(
+            hub_id, revision=revision, cache_dir=hub_cache_dir(), local_files_only=offline()
+        ).resolved
+
+
+@contextlib.contextmanager
+def hub_errors(hub_id: str, revision: str):
+    """huggingface_hub's errors as one-line `UserError`s that say what to do."""
     from huggingface_hub.errors import (
         GatedRepoError,
         HFValidationError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
+        RevisionResolutionError,
     )
 
     cache = hub_cache_dir()
     where = f"{hub_id} (revision {revision})"
     fetch = FETCH_HINT.format(id=hub_id, rev=revision)
     login = "log in with `hf auth login` or set HF_TOKEN"
-    allow = ALLOW_PATTERNS if weights else [p for p in ALLOW_PATTERNS if p != "*.safetensors"]
     try:
-        return snapshot_download(
-            hub_id,
-            revision=revision,
-            cache_dir=cache,
-            local_files_only=offline(),
-            allow_patterns=allow,
-            ignore_patterns=IGNORE_PATTERNS,
-            endpoint=os.environ.get("HF_ENDPOINT") or None,
-        )
+        yield
     except GatedRepoError:
         raise UserError(
             f"{hub_id}: gated repository: {login}, with an account that accepted its terms"
@@ -157,7 +184,7 @@ def _snapshot(hub_id: str, revision: str, weights: bool) -> str:
         raise UserError(f"{hub_id}: no revision {revision!r} (a branch, tag or commit)") from None
     except HFValidationError as error:
         raise UserError(f"{hub_id}: not a valid Hub id or revision ({error})") from None
-    except LocalEntryNotFoundError as error:
+    except (LocalEntryNotFoundError, RevisionResolutionError) as error:
         if type(error).__name__ == "IncompleteSnapshotError":
             raise UserError(
                 f"{where}: the cached snapshot under {repo_folder(hub_id, cache)} is incomplete "

@@ -3,6 +3,7 @@
 # so the layout below is the one place to read (config/README.md describes it for users).
 #
 #   resources/demo/{model,data}                      demo_assets (model: demo only)
+#   results/model/base.json                          resolve_model (model: ORG/NAME only)
 #   results/data/{task}.train.{index.parquet,summary.json}            validate
 #   results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
 #   results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
@@ -131,6 +132,42 @@ def base_model():
     return f"{DEMO_DIR}/model" if config["model"] == "demo" else config["model"]
 
 
+MODEL_RECORD = "results/model/base.json"
+
+
+@functools.cache
+def hub_model():
+    """(ORG/NAME, commit) when `model:` is a Hub id (neither demo nor a local folder), else None.
+
+    The commit that `model_revision` names is looked up when the DAG is built (one Hub call, or
+    the cache's refs/ offline; nothing for a commit): the resolve_model rule's params and the
+    run keys follow it, so a new commit reruns everything downstream and the same one nothing.
+    """
+    model = config["model"]
+    if model == "demo" or os.path.isdir(model):
+        return None
+    from mini_trainer.errors import UserError
+    from mini_trainer.models.hub import lookup_commit
+
+    try:
+        return model, lookup_commit(model, config.get("model_revision") or "main")
+    except UserError as error:
+        raise ConfigError("model", " ".join(error.lines)) from None
+
+
+def model_input(path):
+    """What a rule reading model `path` depends on: the Hub model's record, else the folder."""
+    return MODEL_RECORD if hub_model() and path == base_model() else path
+
+
+def model_flags(path):
+    """`--model PATH`, pinned to the resolved commit for the Hub model."""
+    flags = f"--model {shlex.quote(path)}"
+    if hub_model() and path == base_model():
+        flags += f" --model-revision {hub_model()[1]}"
+    return flags
+
+
 def task_file(task, split):
     """The pre-tokenized JSONL of `task`'s `split` (train or eval)."""
     if task in config["tasks"]:
@@ -202,6 +239,7 @@ def training_options(method, lr, stage):
     options = method_options(method)
     options.update(
         model_name_or_path=start_model(method, lr, stage),
+        model_revision=hub_model()[1] if hub_model() and stage == 1 else None,
         data_path=task_file(task, "train"),
         data_index=data_index(task),
         learning_rate=lr_value(method, lr),
@@ -348,7 +386,7 @@ def train_inputs(wc):
         )
     task = config["stages"][stage - 1]
     inputs = {
-        "model": start_model(wc.method, wc.lr, stage),
+        "model": model_input(start_model(wc.method, wc.lr, stage)),
         "data": task_file(task, "train"),
         "index": data_index(task),
     }
