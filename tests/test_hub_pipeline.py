@@ -86,3 +86,24 @@ def test_real_run_then_same_commit_reruns_nothing_and_a_new_one_everything(hub_w
     counts = rule_counts(planned_jobs(run(workdir, repo, "-n", "evaluations")))
     assert counts["resolve_model"] == 1 and counts["validate"] == 1
     assert counts["train"] == 1 and counts["evaluate"] == 2 * 1  # base and stage 1, one task
+
+
+def test_stage_one_is_pinned_and_keyed_by_the_commit(hub_repo, demo_dir, monkeypatch):
+    import mini_trainer.pipeline as pipeline
+    from mini_trainer.pipeline import hub
+
+    for name, value in hub_repo.env().items():
+        monkeypatch.setenv(name, value)
+    hub._lookup.cache_clear()
+    config = hub_config(demo_dir, stages=["sort", "sort_desc"])
+    config.update(launch={"nproc_per_node": 2, "nodes": 1}, data={"on_long": "error"})
+    commit = (hub_repo.folder / "refs" / "main").read_text()
+    assert pipeline.hub_model(config) == (REPO_ID, commit)
+    first = pipeline.training_options(config, "sft", "0.01", 1)
+    assert first["model_name_or_path"] == REPO_ID and first["model_revision"] == commit
+    assert "model_revision" not in pipeline.training_options(config, "sft", "0.01", 2)
+    assert pipeline.model_input(config, REPO_ID) == pipeline.MODEL_RECORD
+    assert pipeline.model_flags(config, REPO_ID) == f"--model {REPO_ID} --model-revision {commit}"
+    key = pipeline.run_key(config, "sft", "0.01", 1)
+    hub._lookup.cache_clear()
+    assert pipeline.run_key({**config, "model_revision": "a" * 40}, "sft", "0.01", 1) != key

@@ -77,9 +77,6 @@ def exit_on_config_error() -> Iterator[None]:
 def check_config(config: Config) -> None:
     """Raise `ConfigError` for the first cross-key problem of a schema-validated config."""
     _check_stages(config)
-    from mini_trainer.pipeline.hub import hub_model
-
-    hub_model(config)  # a Hub id that cannot be resolved: one line now, not a traceback later
     shared_cap = config["training"].get("max_tokens_per_gpu")
     if shared_cap is None:
         raise ConfigError(

@@ -21,29 +21,43 @@ MODEL_RECORD = "results/model/base.json"
 
 def hub_model(config: Config) -> tuple[str, str] | None:
     """(ORG/NAME, commit) when `model:` is a Hub id (neither demo nor a local folder), else None;
-    `ConfigError("config: model", ...)` when it cannot be resolved."""
-    model = config["model"]
-    if model == "demo" or os.path.isdir(model):
+    `ConfigError("config: model", ...)` when it cannot be resolved (common.smk asks first)."""
+    if not _is_hub(config):
         return None
-    return model, _commit(model, config.get("model_revision") or "main")
+    commit, problem = _lookup(config["model"], _revision(config))
+    if problem:
+        from mini_trainer.pipeline.checks import ConfigError
+
+        raise ConfigError("config: model", problem)
+    return config["model"], commit
+
+
+def _is_hub(config: Config) -> bool:
+    return config["model"] != "demo" and not os.path.isdir(config["model"])
+
+
+def _revision(config: Config) -> str:
+    return config.get("model_revision") or "main"
 
 
 @functools.cache
-def _commit(model: str, revision: str) -> str:
+def _lookup(model: str, revision: str) -> tuple[str | None, str | None]:
+    """(commit, None), or (None, the one-line problem)."""
     from mini_trainer.errors import UserError
     from mini_trainer.models.hub import lookup_commit
-    from mini_trainer.pipeline.checks import ConfigError
 
     try:
-        return lookup_commit(model, revision)
+        return lookup_commit(model, revision), None
     except UserError as error:
-        raise ConfigError("config: model", " ".join(error.lines)) from None
+        return None, " ".join(error.lines)
 
 
 def model_revision(config: Config, path: str) -> str | None:
-    """The commit a job reading model `path` is pinned to (the base model when a Hub id)."""
-    hub = hub_model(config)
-    return hub[1] if hub and path == base_model(config) else None
+    """The revision a job reading model `path` is pinned to: the Hub model's commit (the
+    configured revision while it cannot be looked up: `hub_model` reports that), else None."""
+    if not _is_hub(config) or path != base_model(config):
+        return None
+    return _lookup(config["model"], _revision(config))[0] or _revision(config)
 
 
 def model_input(config: Config, path: str) -> str:

@@ -88,4 +88,5 @@ def train_inputs(wc):
 # Config checks beyond the schema (mini_trainer/pipeline/checks.py), before any job: one line
 # (`config: KEY: reason`), exit status 2.
 with pipeline.exit_on_config_error():
+    hub_model()  # a Hub id's commit, looked up once here (mini_trainer/pipeline/hub.py)
     pipeline.check_config(config)
