@@ -42,6 +42,7 @@ include: "workflow/rules/report.smk"
 # Cheap bookkeeping runs on the submitting host, not as a cluster job.
 localrules:
     all,
+    resolve_model,
     trainings,
     evaluations,
     manifest,

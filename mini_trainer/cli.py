@@ -35,6 +35,29 @@ def cli() -> None:
     """
 
 
+def model_options(help: str):
+    """`--model` (a local folder, or a Hugging Face Hub id ORG/NAME) and `--model-revision`."""
+
+    def decorate(command):
+        command = click.option(
+            "--model-revision", default="main", show_default=True, metavar="REV",
+            help="Hub id only: branch, tag or commit; the commit it resolves to is recorded.",
+        )(command)  # fmt: skip
+        return click.option(
+            "--model", required=True, metavar="FOLDER|ORG/NAME",
+            help=help + " A local folder wins; else ORG/NAME is fetched into the HF cache.",
+        )(command)  # fmt: skip
+
+    return decorate
+
+
+def resolve_model_option(model: str, revision: str, weights: bool = True) -> Path:
+    """The local folder of a `--model` value (a Hub id is resolved once per node)."""
+    from mini_trainer.models.hub import resolve_once_per_node
+
+    return resolve_once_per_node(model, revision, weights).folder
+
+
 @cli.command("demo-assets")
 @click.option(
     "--out",
@@ -62,12 +85,7 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
 
 @cli.command("validate")
 @click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--model",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Model folder; only its config.json is read (for the vocabulary size).",
-)
+@model_options("Model; only its config.json is read (for the vocabulary size).")
 @click.option(
     "--max-tokens-per-gpu",
     required=True,
@@ -102,7 +120,8 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
 @click.option("--force", is_flag=True, help="Replace existing index and summary files.")
 def validate(
     data: Path,
-    model: Path,
+    model: str,
+    model_revision: str,
     max_tokens_per_gpu: int,
     out_index: Path,
     out_summary: Path,
@@ -123,11 +142,16 @@ def validate(
     from mini_trainer.data.validate import build_index, read_vocab_size, summary_text, write_index
 
     check_outputs({"--out-index": out_index, "--out-summary": out_summary}, [data], force)
-    vocab_size = read_vocab_size(model)
+    from mini_trainer.models.hub import hub_source
+
+    folder = resolve_model_option(model, model_revision, weights=False)
+    vocab_size = read_vocab_size(folder)
     index, summary = build_index(
         data, vocab_size, max_tokens_per_gpu, on_long=on_long, workers=workers
     )
     summary["model"] = str(model)
+    if source := hub_source(folder):
+        summary["model_commit"] = source["commit"]
     write_index(index, summary, out_index, out_summary)
     click.echo(summary_text(summary))
     click.echo(f"wrote {out_index}")
@@ -138,12 +162,7 @@ def validate(
 @click.argument(
     "in_path", metavar="IN", type=click.Path(exists=True, dir_okay=False, path_type=Path)
 )
-@click.option(
-    "--model",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Model folder with the tokenizer and its chat template.",
-)
+@model_options("Model with the tokenizer and its chat template.")
 @click.option(
     "--out",
     required=True,
@@ -165,7 +184,13 @@ def validate(
 )
 @click.option("--force", is_flag=True, help="Replace an existing output file.")
 def tokenize(
-    in_path: Path, model: Path, out: Path, max_len: int | None, on_long: str, force: bool
+    in_path: Path,
+    model: str,
+    model_revision: str,
+    out: Path,
+    max_len: int | None,
+    on_long: str,
+    force: bool,
 ) -> None:
     """Tokenize the chat JSONL file IN with the model's chat template.
 
@@ -180,6 +205,7 @@ def tokenize(
     from mini_trainer.data.validate import read_vocab_size
 
     check_outputs({"--out": out}, [in_path], force)
+    model = resolve_model_option(model, model_revision, weights=False)
     vocab_size = read_vocab_size(model)
     tokenizer = load_chat_tokenizer(model)
     for warning in tokenizer_warnings(tokenizer):
@@ -196,12 +222,7 @@ def tokenize(
 
 
 @cli.command("osft-svd")
-@click.option(
-    "--model",
-    required=True,
-    type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Model folder (safetensors weights) whose targeted weights are factorized.",
-)
+@model_options("Model (safetensors weights) whose targeted weights are factorized.")
 @click.option(
     "--out",
     required=True,
@@ -216,7 +237,9 @@ def tokenize(
     "--osft-target-patterns.",
 )
 @click.option("--force", is_flag=True, help="Replace an existing cache folder.")
-def osft_svd(model: Path, out: Path, target_patterns: tuple[str, ...], force: bool) -> None:
+def osft_svd(
+    model: str, model_revision: str, out: Path, target_patterns: tuple[str, ...], force: bool
+) -> None:
     """Compute the fp32 thin SVD of every OSFT target of MODEL once, for any unfreeze ratio.
 
     `train --osft --osft-svd-cache OUT` then loads the factors instead of computing them; it
@@ -230,10 +253,39 @@ def osft_svd(model: Path, out: Path, target_patterns: tuple[str, ...], force: bo
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     patterns = [p for value in target_patterns for p in value.split(",") if p] or None
-    meta = build_cache(model, out, patterns, force)
+    meta = build_cache(resolve_model_option(model, model_revision), out, patterns, force)
     if meta is not None:
         size = sum(record["bytes"] for record in meta["files"].values())
         click.echo(f"wrote {out}: {len(meta['targets'])} targets, {size / 1024**2:.1f} MiB")
+
+
+@cli.command("resolve-model")
+@model_options("Model to resolve.")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="JSON to write: folder, Hub id, revision and commit (the pipeline's model record).",
+)  # fmt: skip
+def resolve_model(model: str, model_revision: str, out: Path | None) -> None:
+    """Fetch a Hub model into the Hugging Face cache (or find it there) and print its folder.
+
+    Fetches what training needs only (config, tokenizer, safetensors weights); run it on a host
+    with network access to fill the cache that offline jobs (HF_HUB_OFFLINE=1) read. A local
+    folder is printed as it is. The JSON is written only if it would change, so a pipeline
+    reruns its downstream steps only when the commit does.
+    """
+    import json
+
+    from mini_trainer.io_utils import atomic_write_text
+    from mini_trainer.models.hub import resolve_model as resolve
+
+    resolved = resolve(model, model_revision)
+    commit = f" (commit {resolved.commit})" if resolved.commit else ""
+    click.echo(f"{model}: {resolved.folder}{commit}")
+    if out is not None:
+        text = json.dumps({"model": model, **resolved.record()}, indent=2) + "\n"
+        if not out.is_file() or out.read_text() != text:
+            atomic_write_text(out, text)
+            click.echo(f"wrote {out}")
 
 
 @cli.command(
@@ -263,12 +315,7 @@ def train(train_args: tuple[str, ...]) -> None:
 
 
 @cli.command("evaluate")
-@click.option(
-    "--model",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Hugging Face model folder (a training run's final/ or hf_format/samples_N/).",
-)
+@model_options("Model to evaluate (a training run's final/ or hf_format/samples_N/, or a base).")
 @click.option(
     "--data",
     required=True,
@@ -310,7 +357,8 @@ def train(train_args: tuple[str, ...]) -> None:
 )  # fmt: skip
 @click.option("--force", is_flag=True, help="Replace an existing --out file.")
 def evaluate(
-    model: Path,
+    model: str,
+    model_revision: str,
     data: Path,
     out: Path,
     max_tokens_per_gpu: int,
@@ -342,6 +390,7 @@ def evaluate(
         datefmt="%H:%M:%S",
     )
     try:
+        model = resolve_model_option(model, model_revision)
         result = run_evaluate(
             model, data, out, max_tokens_per_gpu, lm_eval_tasks, lm_eval_include,
             lm_eval_batch_size, lm_eval_limit, force,

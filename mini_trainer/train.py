@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
+from mini_trainer.models.hub import not_a_model
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 log = logging.getLogger("mini_trainer")
@@ -27,9 +28,9 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
         value = getattr(args, name)
         if value is not None and not Path(value).is_file():
             problems.append(f"{value}: --{name.replace('_', '-')}: no such file")
-    if not Path(args.model_name_or_path).is_dir():
-        problems.append(f"{args.model_name_or_path}: --model-name-or-path: no such model folder")
-    else:
+    if problem := not_a_model(args.model_name_or_path, "--model-name-or-path"):
+        problems.append(problem)
+    elif Path(args.model_name_or_path).is_dir():
         # here, not at the top: torch is imported only once the flags are good
         from mini_trainer.models.safetensors_file import check_weight_files
 
@@ -64,6 +65,21 @@ def check_output_dir(out: Path, resume: bool | str) -> None:
         start_decision(classify(out, verify_contents=False), resume)
 
 
+def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
+    """A Hub id resolved (once per node) to its cache snapshot folder, the revision pinned to
+    its commit: the run, its records and its fingerprint then name the exact weights."""
+    from dataclasses import replace
+
+    from mini_trainer.models.hub import resolve_once_per_node
+
+    resolved = resolve_once_per_node(
+        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
+    )
+    if resolved.commit is None:
+        return args
+    return replace(args, model_name_or_path=str(resolved.folder), model_revision=resolved.commit)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one worker of the job; return its exit status (see training/launcher.py)."""
     from mini_trainer.distributed.lifetime import stop_with_parent
@@ -82,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_training_args(argv)
         check_inputs(args, world_size)
+        args = resolve_model_args(args)
         if rank == 0:
             for warning in args.warnings():
                 log.warning("warning: %s", warning)

@@ -53,9 +53,15 @@ def _arg(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> A
 class TrainingArgs:
     """Arguments of one training job; see DESIGN.md's training flags."""
 
-    model_name_or_path: str = _arg(help="Hugging Face model folder to fine-tune.")
+    model_name_or_path: str = _arg(
+        help="Model to fine-tune: a local Hugging Face folder, or a Hub id ORG/NAME."
+    )
     data_path: str = _arg(help="Pre-tokenized JSONL (input_ids, labels[, len]).")
     output_dir: str = _arg(help="Where checkpoints, state and metrics go.")
+    model_revision: str = _arg(
+        "main",
+        "Hub id only: branch, tag or commit to fetch; the run records the commit it resolved to.",
+    )
     batch_size: int = _arg(32, "Samples per optimizer step, over all ranks.", minimum=1)
     max_tokens_per_gpu: int = _arg(8192, "Token cap per rank per micro-batch.", minimum=1)
     learning_rate: float = _arg(1e-5, "Peak learning rate.", minimum=0)

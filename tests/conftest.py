@@ -86,6 +86,17 @@ def demo_model(demo_dir) -> Path:
     return demo_dir / "model"
 
 
+@pytest.fixture(scope="session")
+def hub_repo(demo_model, tmp_path_factory):
+    """The demo model as Hub id `demo-org/tiny-llama` in an offline HF cache (tests/hf_cache.py).
+
+    Shared: tests that change it (refs, extra commits) build their own with `build_hub_cache`.
+    """
+    from hf_cache import build_hub_cache
+
+    return build_hub_cache(demo_model, tmp_path_factory.mktemp("hf_home"))
+
+
 def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:
     """`torchrun --nproc-per-node N -m mini_trainer.train FLAGS` as an argv list."""
     return [

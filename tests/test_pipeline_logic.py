@@ -350,9 +350,10 @@ def test_options_are_the_fields_the_pipeline_does_not_set():
     assert list(options) == [f for f in fields if f not in schema.SET_BY_PIPELINE]
     assert set(schema.SET_BY_PIPELINE) <= set(fields)
     set_here = set(pipeline.training_options(small(), "sft", "0.01", 1))
-    # The train rule adds the output folder and --resume; OSFT and wandb add the other two.
+    # The train rule adds the output folder and --resume; OSFT, wandb and a Hub model (its
+    # commit) add the other three.
     assert set(schema.SET_BY_PIPELINE) - set_here == {
-        "output_dir", "resume", "osft_svd_cache", "wandb_run_name"
+        "output_dir", "resume", "osft_svd_cache", "wandb_run_name", "model_revision"
     }  # fmt: skip
 
 

@@ -69,9 +69,12 @@ def run_evaluate(
 
 def _evaluate(runtime, model: Path, data: Path, max_tokens_per_gpu: int) -> dict:
     from mini_trainer.evaluate.runner import evaluate_model
+    from mini_trainer.models.hub import hub_source
     from mini_trainer.versions import package_versions, source_commit
 
     result = evaluate_model(model, data, runtime, max_tokens_per_gpu)
+    if source := hub_source(model):  # a Hub model: which commit was evaluated
+        result["model_hub_id"], result["model_commit"] = source["hub_id"], source["commit"]
     result["versions"] = package_versions()
     result["git_commit"] = source_commit()
     result["timestamp"] = time.time()

@@ -27,6 +27,7 @@ from mini_trainer.pipeline.commands import (
     train_node_resources,
     train_threads,
 )
+from mini_trainer.pipeline.hub import MODEL_RECORD, hub_model, model_flags, model_input
 from mini_trainer.pipeline.layout import (
     BASE,
     DEMO_DIR,
@@ -59,6 +60,10 @@ from mini_trainer.pipeline.layout import (
 )
 
 __all__ = [
+    "MODEL_RECORD",
+    "hub_model",
+    "model_flags",
+    "model_input",
     "BASE",
     "DEMO_DIR",
     "DEMO_TASKS",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from mini_trainer.pipeline.hub import model_input
 from mini_trainer.pipeline.layout import (
     Config,
     PipelineError,
@@ -99,7 +100,7 @@ def train_inputs(config: Config, method: str, lr: str, stage: int, key: str) -> 
         )
     task = config["stages"][stage - 1]
     inputs = {
-        "model": start_model(config, method, lr, stage),
+        "model": model_input(config, start_model(config, method, lr, stage)),
         "data": task_file(config, task, "train"),
         "index": data_index(task),
     }

@@ -161,6 +161,11 @@ def _stage_options(
         learning_rate=lr_value(config, method, lr),
         save_final_checkpoint=True,
     )
+    if previous_run is None:
+        from mini_trainer.pipeline.hub import model_revision
+
+        if revision := model_revision(config, options["model_name_or_path"]):
+            options["model_revision"] = revision  # a Hub model, pinned (and in the run key)
     if options.get("osft"):
         options["osft_svd_cache"] = _svd_dir(config, method, previous_run)
     if options.get("wandb_project"):

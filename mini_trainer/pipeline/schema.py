@@ -38,6 +38,7 @@ SET_BY_PIPELINE = (
     "save_final_checkpoint",
     "osft_svd_cache",
     "wandb_run_name",
+    "model_revision",  # the commit of the top-level `model_revision` (a Hub model)
 )
 """TrainingArgs fields the pipeline sets itself (`layout.training_options`): not options."""
 

@@ -153,6 +153,7 @@ def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
     parts = ["<h3>This report</h3>"]
     here = {"git commit": source_commit() or "not a git checkout", **machine()}
     parts.append(h.table(["what", "value"], [[h.text(k), h.text(v)] for k, v in here.items()]))
+    parts += _base_models(runs, evals, extra)
     versions = package_versions()
     seen = {}
     for e in [*evals.values(), *extra]:
@@ -182,6 +183,27 @@ def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
     if not runs:
         parts.append("<p>No training run given.</p>")
     return "provenance", "Provenance", "".join(parts)
+
+
+def _base_models(runs, evals, extra) -> list[str]:
+    """Which Hub model and commit each run started from and each evaluation scored (if any)."""
+    from mini_trainer.models.hub import hub_source
+
+    rows = []
+    for r in runs:
+        source = hub_source((r.args or {}).get("model_name_or_path") or "")
+        if source:
+            rows.append([h.text(f"run {r.label}"), h.text(source["hub_id"]),
+                         h.text(source["commit"])])  # fmt: skip
+    for e in [*evals.values(), *extra]:
+        data = e.data or {}
+        if data.get("model_commit"):
+            rows.append([h.text(f"evaluation {data.get('model', '')}"),
+                         h.text(data.get("model_hub_id", "")),
+                         h.text(data["model_commit"])])  # fmt: skip
+    if not rows:
+        return []
+    return ["<h3>Hub models and their commits</h3>", h.table(["what", "model", "commit"], rows)]
 
 
 def _arg_value(args: dict, key: str) -> str:

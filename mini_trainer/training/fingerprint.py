@@ -11,7 +11,8 @@ What the fingerprint covers:
   fingerprinted instead);
 - the data file: its size and content hash (see `file_digest`) plus a hash of its index (byte
   offsets, lengths, loss tokens of every sample);
-- the base model: `config.json` whole, and every weights file by `file_digest`.
+- the base model: `config.json` whole, every weights file by `file_digest`, and for a Hub
+  id the repository and commit it resolved to (a `main` that moved is refused by name).
 
 `file_digest` hashes files up to `FULL_HASH_BYTES` whole; larger files by their size, their
 first and last MiB and `SAMPLED_BLOCKS` blocks spread evenly over the file. An edit of a large
@@ -37,6 +38,7 @@ BLOCK_BYTES = 64 * 1024
 
 MAY_CHANGE_ON_RESUME = (
     "model_name_or_path",  # a path: the model's content is fingerprinted instead
+    "model_revision",  # the resolved Hub commit is in the model fingerprint
     "data_path",  # a path: the data's content is fingerprinted instead
     "data_index",  # the index is derived from the data (its content is in the data fingerprint)
     "output_dir",  # the folder may be moved
@@ -104,8 +106,12 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 def model_fingerprint(model_path: str | os.PathLike) -> dict:
     """`config.json` and every weights file of the model folder, by name and digest."""
+    from mini_trainer.models.hub import hub_source
+
     folder = Path(model_path)
     files = {"config.json": file_digest(folder / "config.json")}
+    if source := hub_source(folder):
+        files["hub"] = source
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
             files[path.name] = file_digest(path)
@@ -145,11 +151,24 @@ def differences(saved: dict, current: dict) -> list[str]:
             else "same number of samples, different content"
         )
         lines.append(f"--data-path: not the data the state was trained on ({detail})")
-    if saved.get("model") != current["model"]:
-        old, new = saved.get("model") or {}, current["model"]
+    old_hub, new_hub = (saved.get("model") or {}).get("hub"), current["model"].get("hub")
+    if old_hub and new_hub and old_hub != new_hub:
+        lines.append(
+            f"--model-revision: the state started from {old_hub['hub_id']} commit "
+            f"{old_hub['commit']}, this run resolved {new_hub['hub_id']} to commit "
+            f"{new_hub['commit']} (the Hub's branch moved?); to continue the run, pin it: "
+            f"--model-revision {old_hub['commit']}"
+        )
+    elif _files(saved.get("model")) != _files(current["model"]):
+        old, new = _files(saved.get("model")), _files(current["model"])
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         lines.append(
             "--model-name-or-path: not the base model the state started from "
             f"(differs in {', '.join(changed)})"
         )
     return lines
+
+
+def _files(model: dict | None) -> dict:
+    """A model fingerprint's file digests (a Hub copy and a local copy of it compare equal)."""
+    return {name: value for name, value in (model or {}).items() if name != "hub"}

@@ -93,6 +93,21 @@ def exit_status(reports: list[dict], failures: dict[int, int]) -> tuple[int, lis
     return 0, []
 
 
+def pin_model_revision(args, train_argv: list[str]) -> list[str]:
+    """Resolve a Hub id here, once per node before any worker starts (its errors print once),
+    and hand the workers the commit, so every rank reads the same snapshot from the cache."""
+    from mini_trainer.models.hub import resolve_model
+
+    resolved = resolve_model(
+        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
+    )
+    return (
+        train_argv
+        if resolved.commit is None
+        else [*train_argv, "--model-revision", resolved.commit]
+    )
+
+
 def launch(torchrun_args, train_argv: list[str]) -> int:
     """Run the training job on this node's workers; return the job's exit status."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -105,6 +120,7 @@ def launch(torchrun_args, train_argv: list[str]) -> int:
 
     args = parse_training_args(train_argv)
     check_inputs(args, torchrun_args.nproc_per_node * torchrun_args.nnodes)
+    train_argv = pin_model_revision(args, train_argv)
     torchrun_argv = [
         *torchrun_args.to_cli_args(),
         *("--signals-to-handle", FORWARDED_SIGNALS),

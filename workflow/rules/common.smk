@@ -59,6 +59,10 @@ run_dir = _bind(pipeline.run_dir)
 final_dir = _bind(pipeline.final_dir)
 eval_sources = _bind(pipeline.eval_sources)
 eval_model = _bind(pipeline.eval_model)
+MODEL_RECORD = pipeline.MODEL_RECORD
+hub_model = _bind(pipeline.hub_model)
+model_input = _bind(pipeline.model_input)
+model_flags = _bind(pipeline.model_flags)
 all_eval_jsons = _bind(pipeline.all_eval_jsons)
 lr_str = pipeline.lr_str
 data_index = pipeline.data_index
@@ -84,4 +88,5 @@ def train_inputs(wc):
 # Config checks beyond the schema (mini_trainer/pipeline/checks.py), before any job: one line
 # (`config: KEY: reason`), exit status 2.
 with pipeline.exit_on_config_error():
+    hub_model()  # a Hub id's commit, looked up once here (mini_trainer/pipeline/hub.py)
     pipeline.check_config(config)

@@ -27,11 +27,38 @@ rule demo_assets:
         " --out {params.out} --seed {params.seed} --force > {log} 2>&1"
 
 
+rule resolve_model:
+    """A Hub model (model: ORG/NAME) fetched into the Hugging Face cache and its record.
+
+    A local rule: it runs on the submitting host, since cluster nodes often have no internet;
+    the cache (HF_HOME) must be shared with them. Every job that reads the base model takes
+    the record as input, so a new commit reruns them and the same commit nothing.
+    """
+    output:
+        MODEL_RECORD,
+    params:
+        model=lambda wc: hub_model()[0],
+        commit=lambda wc: hub_model()[1],
+    log:
+        "logs/resolve_model.log",
+    benchmark:
+        "results/benchmarks/resolve_model.tsv"
+    threads: 1
+    resources:
+        mem_mb=rule_resource("resolve_model", "mem_mb"),
+        runtime=rule_resource("resolve_model", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer resolve-model --model {params.model:q}'
+        " --model-revision {params.commit} --out {output:q} > {log} 2>&1"
+
+
 rule validate:
     """Check every line of a task's training file and write the lengths index training reads."""
     input:
         data=lambda wc: task_file(wc.task, "train"),
-        model=base_model(),
+        model=model_input(base_model()),
     output:
         index=data_index("{task}"),
         summary=report(
@@ -41,6 +68,7 @@ rule validate:
             labels={"task": "{task}"},
         ),
     params:
+        model=model_flags(base_model()),
         max_tokens_per_gpu=config["training"]["max_tokens_per_gpu"],
         on_long=config["data"]["on_long"],
     log:
@@ -54,7 +82,7 @@ rule validate:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer validate {input.data:q} --model {input.model:q}'
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer validate {input.data:q} {params.model}'
         " --max-tokens-per-gpu {params.max_tokens_per_gpu} --on-long {params.on_long}"
         " --workers {threads} --out-index {output.index:q} --out-summary {output.summary:q}"
         " > {log} 2>&1"

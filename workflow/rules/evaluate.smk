@@ -6,13 +6,14 @@
 rule evaluate:
     """Held-out loss, perplexity and teacher-forced answer-token accuracy of one checkpoint."""
     input:
-        model=lambda wc: eval_model(wc.source),
+        model=lambda wc: model_input(eval_model(wc.source)),
         data=lambda wc: task_file(wc.task, "eval"),
     output:
         "results/eval/{source}/{task}.json",
     wildcard_constraints:
         source=r"base|[A-Za-z0-9][A-Za-z0-9_-]*/lr[0-9][0-9.e+-]*/stage[1-9][0-9]*",
     params:
+        model=lambda wc: model_flags(eval_model(wc.source)),
         options=cli_flags(
             {
                 "max_tokens_per_gpu": config["evaluation"]["max_tokens_per_gpu"],
@@ -30,5 +31,5 @@ rule evaluate:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer evaluate --model {input.model:q}'
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer evaluate {params.model}'
         " --data {input.data:q} --out {output:q} {params.options} > {log} 2>&1"

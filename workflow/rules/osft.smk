@@ -11,13 +11,14 @@
 rule osft_svd:
     """SVD factors (fp32) of every targeted weight of a checkpoint."""
     input:
-        model=lambda wc: svd_model(wc.source),
+        model=lambda wc: model_input(svd_model(wc.source)),
     output:
         directory("results/osft_svd/{source}/{targets}"),
     wildcard_constraints:
         source=r"base|[A-Za-z0-9][A-Za-z0-9_-]*/lr[0-9][0-9.e+-]*/stage[1-9][0-9]*/[0-9a-f]+",
         targets=r"default-targets|targets-[0-9a-f]+",
     params:
+        model=lambda wc: model_flags(svd_model(wc.source)),
         # osft-svd takes the patterns comma-separated (train takes them space-separated).
         patterns=lambda wc: cli_flags(
             {"target_patterns": ",".join(svd_target_patterns(wc.targets)) or None}
@@ -33,5 +34,5 @@ rule osft_svd:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer osft-svd --model {input.model:q}'
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer osft-svd {params.model}'
         " --out {output:q} {params.patterns} > {log} 2>&1"
