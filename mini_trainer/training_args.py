@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini_trainer.errors import UserError
+from mini_trainer.training.validation import validation_problems, validation_warnings
 
 SCHEDULERS = (
     "constant",
@@ -130,6 +131,32 @@ class TrainingArgs:
     osft_max_frozen_ratio: float = _arg(
         0.8, "OSFT adaptive: frozen share of a layer whose output equals its input."
     )
+    # validation during training (training/validation.py)
+    validation_data_path: str | None = _arg(
+        None,
+        "Pre-tokenized JSONL scored during training (checked as the training data); its "
+        "metrics go into metrics.jsonl as val_*.",
+    )
+    validation_every_steps: int | None = _arg(
+        None, "Validate every N optimizer steps (and always after the last step)."
+    )
+    validation_max_tokens_per_gpu: int | None = _arg(
+        None, "Token cap per rank per validation micro-batch (default: --max-tokens-per-gpu)."
+    )
+    save_best: bool = _arg(
+        False, "Keep OUT/best/: the HF folder of the best validation step so far."
+    )
+    best_metric: str = _arg(
+        "val_loss",
+        "Validation metric that picks the best step: val_loss or val_perplexity (lower is "
+        "better), val_token_accuracy or val_exact_match (higher is better).",
+    )
+    early_stopping_patience: int | None = _arg(
+        None, "End the run after K validations in a row without an improvement."
+    )
+    early_stopping_min_delta: float = _arg(
+        0.0, "Least change of --best-metric that counts as an improvement."
+    )
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -187,6 +214,7 @@ class TrainingArgs:
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
         yield from self._osft_problems()
+        yield from validation_problems(self)
 
     def _osft_problems(self):
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -223,6 +251,7 @@ class TrainingArgs:
                 "no weights will be written (only training states, with --save-every-steps): "
                 "pass --save-final-checkpoint to get OUT/final/"
             )
+        out += validation_warnings(self)
         return out
 
     @property

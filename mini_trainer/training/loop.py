@@ -63,6 +63,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.run_lock import lock_output_dir
     from mini_trainer.training.save_guard import write_errors
     from mini_trainer.training.stopping import finished, planned_steps
+    from mini_trainer.training.validation import Validator
 
     out = Path(args.output_dir)
     lock_output_dir(out, runtime)  # one job per output folder, for the job's life
@@ -73,6 +74,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     dataset = load_dataset(args, runtime)
     total_steps = planned_steps(args, len(dataset))
     sampler = BatchSampler(len(dataset), args.batch_size, args.seed)
+    validator = Validator(args, runtime) if args.validation_data_path else None
     # rank 0 picks an intact state of this same run before any model loads
     run_print = run_fingerprint(args, dataset) if runtime.is_main else None
     resumed_from = resume.pick_state(out, args.resume, run_print, runtime)
@@ -99,6 +101,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
         except ValueError as error:
             raise UserError(f"{resumed_from}: --resume: {error}") from None
         progress = Progress(**saved["progress"])
+        if validator is not None:
+            validator.load_state_dict(saved.get("validation"))
         log.info("resumed from %s (step %d)", resumed_from, progress.step)
     elif args.resume:
         log.info("--resume: no run under %s yet, starting from step 0", out)
@@ -120,13 +124,14 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             "sampler": sampler.state_dict(),
             "scheduler": scheduler.state_dict(),
             "fingerprint": run_print,
+            "validation": validator.state_dict() if validator is not None else None,
         }
         with write_errors(out, f"state/step_{progress.step}", runtime):
             checkpoint.save_state(
                 out, progress.step, model, optimizer, trainer_state, runtime, args.keep_states
             )
 
-    def save_hf(name: str) -> None:
+    def save_hf(name: str, extra_json: dict | None = None) -> None:
         divergence.check_weights(model, runtime)
         with write_errors(out, name, runtime):
             checkpoint.save_hf_checkpoint(
@@ -138,6 +143,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 runtime,
                 method.export_weights,
                 training_args=asdict(args),
+                extra_json=extra_json,
             )
 
     # -- steps (the next steps' micro-batches are prepared in a background thread)
@@ -153,7 +159,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             steps=progress.step,
             epochs_completed=sampler.epoch,
             loss_tokens=progress.loss_tokens_seen,
-        ):
+        ) and not (validator is not None and validator.should_stop):
             started = time.perf_counter()
             batch = sampler.next_batch()
             plan, micro_batches = prefetcher.prepare(batch)
@@ -166,6 +172,11 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             progress.step += 1
             progress.samples_seen += len(batch.indices)
             progress.loss_tokens_seen += plan.batch_num_loss_tokens
+            val_row = {}
+            if validator is not None:  # after the step, before its row: the row carries val_*
+                last = finished(args, steps=progress.step, epochs_completed=sampler.epoch,
+                                loss_tokens=progress.loss_tokens_seen)  # fmt: skip
+                val_row = validator.after_step(model, pad_id, progress.step, last, save_hf)
             if logger is not None:
                 logger.log({
                     "step": progress.step,
@@ -184,6 +195,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                     **model_flops.step_metrics(
                         plan.num_tokens, int((lengths**2).sum()), step_time, runtime.world_size
                     ),
+                    **val_row,
                 })  # fmt: skip
 
             # -- checkpoints
