@@ -278,3 +278,55 @@ def test_early_stopping_is_a_normal_finish_on_one_rank(demo_dir, tmp_path):
     assert rows[-1]["val_loss"] == pytest.approx(final["loss"], rel=1e-5)
     best = evaluate(out / "best", val_data, tmp_path / "b.json")
     assert rows[0]["val_loss"] == pytest.approx(best["loss"], rel=1e-5)
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def synthetic_run(folder, val_losses: dict[int, float], best_metric="val_loss", best_step=None):
+    """A run folder as training writes it: 6 steps, val_* on the steps of `val_losses`."""
+    folder.mkdir(parents=True)
+    rows = []
+    for step in range(1, 7):
+        row = {"step": step, "epoch": 0, "loss": 2.0 / step, "lr": 1e-3,
+               "tokens_per_second": 1000.0}  # fmt: skip
+        if step in val_losses:
+            row |= {"val_loss": val_losses[step], "val_token_accuracy": 1 / val_losses[step]}
+        rows.append(json.dumps(row))
+    (folder / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+    (folder / "training_args.json").write_text(json.dumps({"best_metric": best_metric}))
+    if best_step is not None:
+        (folder / "best").mkdir()
+        (folder / "best" / "best_checkpoint.json").write_text(json.dumps({"step": best_step}))
+    return folder
+
+
+def test_report_best_validation_step(tmp_path):
+    from mini_trainer.report.inputs import read_run
+
+    losses = {2: 1.5, 4: 1.2, 6: 1.3}
+    assert read_run(synthetic_run(tmp_path / "a", losses)).best_validation() == (4, 1.2)
+    # best/'s own step wins (the tracker's min-delta may keep an earlier step)
+    kept = synthetic_run(tmp_path / "b", losses, best_step=2)
+    assert read_run(kept).best_validation() == (2, 1.5)
+    # a higher-is-better metric picks its own best step; the mark sits on the val_loss curve
+    accuracy = synthetic_run(tmp_path / "c", {2: 1.5, 4: 2.0}, "val_token_accuracy")
+    assert read_run(accuracy).best_validation() == (2, 1.5)
+    assert read_run(synthetic_run(tmp_path / "d", {})).best_validation() is None
+
+
+def test_report_plots_validation_next_to_training_loss(tmp_path):
+    import re
+
+    validated = synthetic_run(tmp_path / "runs" / "validated", {2: 1.5, 4: 1.2, 6: 1.3})
+    plain = synthetic_run(tmp_path / "runs" / "plain", {})
+    out = tmp_path / "report"
+    run_cli("report", "--out", out, validated, plain, check=True)
+    page = (out / "report.html").read_text()
+    cells = {
+        name: re.findall(r"<td[^>]*>(.*?)</td>", row)
+        for name, row in re.findall(r"<tr><td>[^<]*/(validated|plain)</td>(.*?)</tr>", page)
+    }
+    assert cells["validated"][2:4] == ["1.2", "4"]  # best val loss, best step
+    assert cells["plain"][2:4] == ["", ""]  # no validation: empty, not "missing"
+    assert "best val loss" in page and (out / "training_loss_lr.png").is_file()
