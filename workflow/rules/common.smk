@@ -4,9 +4,11 @@
 #
 #   resources/demo/{model,data}                      demo_assets (model: demo only)
 #   results/data/{task}.train.{index.parquet,summary.json}            validate
+#   results/data/{task}.split.{train,validation}.jsonl   split_validation (data.validation_fraction)
 #   results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
 #   results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
 #       final/                                       ... its only declared output
+#       best/                                        ... with a validation file (--save-best)
 #   results/eval/{base | method/lr{lr}/stage{i}}/{task}.json                  evaluate
 #   results/manifest.json, results/report/report.html                 manifest, report
 #   logs/..., results/benchmarks/...                 one log and one benchmark per job
@@ -93,9 +95,30 @@ def _check_config():
             stray = sorted(k for k in options if k.startswith("osft_"))
             if stray:
                 raise ConfigError(f"methods.{name}.training.{stray[0]}", "needs osft: true")
+        _check_validation(name, merged)
         reprs = [lr_str(lr) for lr in method["learning_rates"]]
         if len(set(reprs)) != len(reprs):
             raise ConfigError(f"methods.{name}.learning_rates", "has the same rate twice")
+
+
+VALIDATION_OPTIONS = ("validation_every_steps", "validation_max_tokens_per_gpu", "best_metric",
+                      "early_stopping_patience", "early_stopping_min_delta")  # fmt: skip
+
+
+def _check_validation(method, options):
+    """Validation options and evaluation.checkpoint: best need a validation file per stage."""
+    missing = [t for t in config["stages"] if not validation_file(t)]
+    if not missing:
+        return
+    given = [k for k in VALIDATION_OPTIONS if k in options]
+    where = (
+        f"no validation file for {', '.join(missing)} (set data.validation_fraction, or "
+        "tasks.<task>.validation)"
+    )
+    if given:
+        raise ConfigError(f"methods.{method}.training.{given[0]}", where)
+    if config["evaluation"]["checkpoint"] == "best":
+        raise ConfigError("evaluation.checkpoint", f"best: {where}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -136,6 +159,23 @@ def task_file(task, split):
     if task in config["tasks"]:
         return config["tasks"][task][split]
     return f"{DEMO_DIR}/data/{task}.{split}.jsonl"
+
+
+def validation_file(task):
+    """The file `task` validates on during training: its own, or the split; None without."""
+    own = config["tasks"].get(task, {}).get("validation")
+    if own:
+        return own
+    if config["data"].get("validation_fraction"):
+        return f"results/data/{task}.split.validation.jsonl"
+    return None
+
+
+def train_file(task):
+    """What `task` trains on: its training file, less the validation split when there is one."""
+    if validation_file(task) == f"results/data/{task}.split.validation.jsonl":
+        return f"results/data/{task}.split.train.jsonl"
+    return task_file(task, "train")
 
 
 def data_index(task):
@@ -202,11 +242,13 @@ def training_options(method, lr, stage):
     options = method_options(method)
     options.update(
         model_name_or_path=start_model(method, lr, stage),
-        data_path=task_file(task, "train"),
+        data_path=train_file(task),
         data_index=data_index(task),
         learning_rate=lr_value(method, lr),
         save_final_checkpoint=True,
     )
+    if validation_file(task):  # best/ is always kept, so evaluation.checkpoint retrains nothing
+        options.update(validation_data_path=validation_file(task), save_best=True)
     if options.get("osft"):
         options["osft_svd_cache"] = svd_dir(method, lr, stage)
     if options.get("wandb_project"):
@@ -268,6 +310,17 @@ def parse_source(source):
 def eval_model(source):
     parsed = parse_source(source)
     return base_model() if parsed is None else final_dir(*parsed)
+
+
+def eval_checkpoint(source):
+    """The folder `evaluate` scores: eval_model's, or its run's best/ (evaluation.checkpoint).
+
+    best/ is not a declared output (not every run has one); the evaluate rule depends on
+    final/, written after best/."""
+    parsed = parse_source(source)
+    if parsed is None or config["evaluation"]["checkpoint"] == "final":
+        return eval_model(source)
+    return f"{run_dir(*parsed)}/best"
 
 
 def eval_json(source, task):
@@ -349,9 +402,11 @@ def train_inputs(wc):
     task = config["stages"][stage - 1]
     inputs = {
         "model": start_model(wc.method, wc.lr, stage),
-        "data": task_file(task, "train"),
+        "data": train_file(task),
         "index": data_index(task),
     }
+    if validation_file(task):
+        inputs["validation"] = validation_file(task)
     if method_options(wc.method).get("osft"):
         inputs["svd"] = svd_dir(wc.method, wc.lr, stage)
     return inputs

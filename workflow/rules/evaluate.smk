@@ -13,6 +13,8 @@ rule evaluate:
     wildcard_constraints:
         source=r"base|[A-Za-z0-9][A-Za-z0-9_-]*/lr[0-9][0-9.e+-]*/stage[1-9][0-9]*",
     params:
+        # evaluation.checkpoint: best scores the run's best/ (written before final/)
+        checkpoint=lambda wc: eval_checkpoint(wc.source),
         options=cli_flags(
             {
                 "max_tokens_per_gpu": config["evaluation"]["max_tokens_per_gpu"],
@@ -30,5 +32,5 @@ rule evaluate:
     conda:
         "../envs/mini-trainer.yaml"
     shell:
-        '"$MINI_TRAINER_PYTHON" -m mini_trainer evaluate --model {input.model:q}'
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer evaluate --model {params.checkpoint:q}'
         " --data {input.data:q} --out {output:q} {params.options} > {log} 2>&1"
