@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -61,3 +62,29 @@ def test_validation_keys_without_a_validation_file_fail_at_once(tmp_path, change
     result, text = dry_run(tmp_path, config)
     assert result.returncode != 0
     assert key in text and "no validation file for sort, sort_desc" in text, text[-2000:]
+
+
+def test_a_real_run_splits_validates_and_evaluates_the_best_checkpoint(tmp_path):
+    """One stage, one method: split, validate, train with validation, evaluate best/, report."""
+    from test_pipeline import check
+
+    config = demo_config(stages=["sort"], data={"validation_fraction": 0.1},
+                         evaluation={"checkpoint": "best"})  # fmt: skip
+    config["training"].update(max_steps=8, validation_every_steps=4)
+    workdir = make_workdir(tmp_path / "w", config)
+    check(snakemake(workdir, "--cores", "2"))
+    results = workdir / "results"
+    kept, drawn = (
+        (results / f"data/sort.split.{part}.jsonl").read_text().splitlines()
+        for part in ("train", "validation")
+    )
+    original = (workdir / "resources/demo/data/sort.train.jsonl").read_text().splitlines()
+    assert sorted(kept + drawn) == sorted(original) and len(drawn) == -(-len(original) // 10)
+    (run,) = results.glob("train/sft/lr0.01/stage1/*/")
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "val_loss" in r] == [4, 8]
+    best = json.loads((run / "best/best_checkpoint.json").read_text())
+    evaluation = json.loads((results / "eval/sft/lr0.01/stage1/sort.json").read_text())
+    assert evaluation["model"].endswith("/best")
+    page = (results / "report/report.html").read_text()
+    assert "best val loss" in page and f'<td class="num">{best["step"]}</td>' in page
