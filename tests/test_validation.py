@@ -43,7 +43,10 @@ def test_tracker_lower_is_better_with_min_delta_and_patience():
 
 def test_tracker_higher_is_better_and_nan_never_improves():
     tracker = BestTracker(mode="max", patience=None)
+    assert not tracker.update(1, float("nan")) and tracker.best_text().startswith("none yet")
+    tracker = BestTracker(mode="max", patience=None)
     assert feed(tracker, [0.2, float("nan"), 0.2, 0.3]) == [True, False, False, True]
+    assert tracker.best_text() == "0.3 at step 4"
     assert (tracker.best_value, tracker.best_step) == (0.3, 4)
     assert not tracker.should_stop  # no patience: never stops, however many bad validations
 

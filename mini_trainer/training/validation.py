@@ -144,6 +144,11 @@ class BestTracker:
     def should_stop(self) -> bool:
         return self.patience is not None and self.bad_validations >= self.patience
 
+    def best_text(self) -> str:
+        if self.best_value is None:
+            return "none yet (no finite value)"
+        return f"{self.best_value:.6g} at step {self.best_step}"
+
     def state_dict(self) -> dict:
         return {"best_value": self.best_value, "best_step": self.best_step,
                 "bad_validations": self.bad_validations}  # fmt: skip
@@ -217,16 +222,16 @@ class Validator:
             export(BEST_DIR, {BEST_METADATA: meta})
         if self.runtime.is_main:
             log.info(
-                "validation at step %d: %s; best %s %.6g at step %s",
-                step, " ".join(f"{k} {row[k]:.6g}" for k in VAL_METRICS),
-                self.args.best_metric, self.tracker.best_value, self.tracker.best_step,
+                "validation at step %d: %s; best %s %s",
+                step, " ".join(f"{k} {row[k]:.6g}" for k in VAL_METRICS), self.args.best_metric,
+                self.tracker.best_text(),
             )  # fmt: skip
             if self.should_stop:
                 log.info(
                     "early stopping after step %d: %s has not improved by more than %g in %d "
-                    "validations (best %.6g at step %d)",
+                    "validations (best %s)",
                     step, self.args.best_metric, self.args.early_stopping_min_delta,
-                    self.tracker.bad_validations, self.tracker.best_value, self.tracker.best_step,
+                    self.tracker.bad_validations, self.tracker.best_text(),
                 )  # fmt: skip
         return row
 
