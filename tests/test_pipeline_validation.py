@@ -64,6 +64,7 @@ def test_validation_keys_without_a_validation_file_fail_at_once(tmp_path, change
     assert key in text and "no validation file for sort, sort_desc" in text, text[-2000:]
 
 
+@pytest.mark.timeout(1200)  # about 6 min alone on the shared 2 cores; more under load
 def test_a_real_run_splits_validates_and_evaluates_the_best_checkpoint(tmp_path):
     """One stage, one method: split, validate, train with validation, evaluate best/, report."""
     from test_pipeline import check
@@ -71,6 +72,7 @@ def test_a_real_run_splits_validates_and_evaluates_the_best_checkpoint(tmp_path)
     config = demo_config(stages=["sort"], data={"validation_fraction": 0.1},
                          evaluation={"checkpoint": "best"})  # fmt: skip
     config["training"].update(max_steps=8, validation_every_steps=4)
+    config["launch"] = {"nproc_per_node": 1}
     workdir = make_workdir(tmp_path / "w", config)
     check(snakemake(workdir, "--cores", "2"))
     results = workdir / "results"
