@@ -18,6 +18,7 @@ function back as they were, so a run ends with the same weights with or without 
 
 from __future__ import annotations
 
+import filecmp
 import logging
 import math
 from dataclasses import dataclass
@@ -81,25 +82,13 @@ def validation_warnings(args) -> list[str]:
         return []
     same = Path(path).resolve() == Path(args.data_path).resolve()
     if not same and Path(path).is_file() and Path(args.data_path).is_file():
-        same = _same_content(Path(path), Path(args.data_path))
+        same = filecmp.cmp(path, args.data_path, shallow=False)
     if same:
         return [
             f"{path}: --validation-data-path is the training file: validation metrics will "
             "measure fit to the training data, not generalization"
         ]
     return []
-
-
-def _same_content(a: Path, b: Path) -> bool:
-    if a.stat().st_size != b.stat().st_size:
-        return False
-    with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            chunk = fa.read(1 << 20)
-            if chunk != fb.read(1 << 20):
-                return False
-            if not chunk:
-                return True
 
 
 def validation_due(step: int, every: int | None, is_last: bool) -> bool:
