@@ -245,7 +245,7 @@ class TrainingArgs:
     def warnings(self) -> list[str]:
         """Legal but probably unintended settings, printed at the start of a run."""
         out = []
-        exports = self.save_final_checkpoint or self.checkpoint_at_epoch
+        exports = self.save_final_checkpoint or self.checkpoint_at_epoch or self.save_best
         if not (exports or self.min_samples_per_checkpoint):
             out.append(
                 "no weights will be written (only training states, with --save-every-steps): "

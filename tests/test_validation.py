@@ -157,6 +157,10 @@ def test_the_training_file_as_validation_file_is_warned_about(tmp_path):
     other = tmp_path / "other.jsonl"
     other.write_text('{"input_ids": [2], "labels": [2]}\n')
     assert dataclasses.replace(args, validation_data_path=str(other)).warnings() == []
+    # best/ holds weights: no "no weights will be written" warning with --save-best alone
+    best_only = TrainingArgs(**{**ARGS, "data_path": str(data)}, validation_data_path=str(other),
+                             save_best=True)  # fmt: skip
+    assert best_only.warnings() == []
 
 
 def test_validation_flags_parse():
