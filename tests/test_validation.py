@@ -90,7 +90,7 @@ ARGS = {"model_name_or_path": "m", "data_path": "d", "output_dir": "o"}
         ({"best_metric": "val_exact_match"}, "--best-metric: needs --validation-data-path"),
         ({"early_stopping_patience": 3}, "--early-stopping-patience: needs --validation-data-path"),
         ({"validation_data_path": "v", "best_metric": "val_bleu"},
-         "--best-metric: unknown metric 'val_bleu' (one of val_loss, val_perplexity, "
+         "--best-metric: unknown value 'val_bleu' (one of val_loss, val_perplexity, "
          "val_token_accuracy, val_exact_match)"),
         ({"validation_data_path": "v", "early_stopping_patience": 0},
          "--early-stopping-patience: must be at least 1, got 0"),

@@ -64,7 +64,7 @@ def validation_problems(args) -> list[str]:
             problems.append(f"--{_flag(name)}: must be at least 1, got {value}")
     if args.best_metric not in VAL_METRICS:
         problems.append(
-            f"--best-metric: unknown metric {args.best_metric!r} (one of {', '.join(VAL_METRICS)})"
+            f"--best-metric: unknown value {args.best_metric!r} (one of {', '.join(VAL_METRICS)})"
         )
     patience = args.early_stopping_patience
     if patience is not None and patience < 1:
