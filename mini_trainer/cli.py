@@ -158,6 +158,56 @@ def validate(
     click.echo(f"wrote {out_summary}")
 
 
+@cli.command("split-validation")
+@click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--fraction",
+    required=True,
+    type=float,
+    help="Share of DATA's samples (not blank, not in --exclude) that become validation samples.",
+)
+@click.option("--seed", type=int, default=42, show_default=True, help="Which samples are drawn.")
+@click.option(
+    "--exclude",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="An eval JSONL: a sample with the same input_ids is never drawn for validation.",
+)
+@click.option(
+    "--out-train",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="DATA without the drawn samples.",
+)
+@click.option(
+    "--out-validation",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The drawn samples.",
+)
+@click.option("--force", is_flag=True, help="Replace existing output files.")
+def split_validation(
+    data: Path,
+    fraction: float,
+    seed: int,
+    exclude: Path | None,
+    out_train: Path,
+    out_validation: Path,
+    force: bool,
+) -> None:
+    """Split a validation set off the pre-tokenized JSONL DATA, deterministically by --seed.
+
+    Lines are copied unchanged and in order; check both outputs with `validate`.
+    """
+    from mini_trainer.data.outputs import check_outputs
+    from mini_trainer.data.split import split_validation as split
+
+    inputs = [data, *([exclude] if exclude else [])]
+    check_outputs({"--out-train": out_train, "--out-validation": out_validation}, inputs, force)
+    kept, drawn = split(data, fraction, seed, out_train, out_validation, exclude)
+    click.echo(f"wrote {out_train} ({kept} lines) and {out_validation} ({drawn} lines)")
+
+
 @cli.command("tokenize")
 @click.argument(
     "in_path", metavar="IN", type=click.Path(exists=True, dir_okay=False, path_type=Path)

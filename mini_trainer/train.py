@@ -24,7 +24,7 @@ log = logging.getLogger("mini_trainer")
 def check_inputs(args: TrainingArgs, world_size: int) -> None:
     """Problems that need no process group, reported before anything starts."""
     problems = []
-    for name in ("data_path", "data_index"):
+    for name in ("data_path", "data_index", "validation_data_path"):
         value = getattr(args, name)
         if value is not None and not Path(value).is_file():
             problems.append(f"{value}: --{name.replace('_', '-')}: no such file")

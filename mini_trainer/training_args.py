@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini_trainer.errors import UserError
+from mini_trainer.training.validation import (
+    VAL_METRICS,
+    validation_problems,
+    validation_warnings,
+)
 
 SCHEDULERS = (
     "constant",
@@ -168,6 +173,35 @@ class TrainingArgs:
         minimum=0,
         maximum=1,
     )
+    # validation during training (training/validation.py)
+    validation_data_path: str | None = _arg(
+        None,
+        "Pre-tokenized JSONL scored during training (checked as the training data); its "
+        "metrics go into metrics.jsonl as val_*.",
+    )
+    validation_every_steps: int | None = _arg(
+        None, "Validate every N optimizer steps (and always after the last step).", minimum=1
+    )
+    validation_max_tokens_per_gpu: int | None = _arg(
+        None,
+        "Token cap per rank per validation micro-batch (default: --max-tokens-per-gpu).",
+        minimum=1,
+    )
+    save_best: bool = _arg(
+        False, "Keep OUT/best/: the HF folder of the best validation step so far."
+    )
+    best_metric: str = _arg(
+        "val_loss",
+        "Validation metric that picks the best step: val_loss or val_perplexity (lower is "
+        "better), val_token_accuracy or val_exact_match (higher is better).",
+        choices=tuple(VAL_METRICS),
+    )
+    early_stopping_patience: int | None = _arg(
+        None, "End the run after K validations in a row without an improvement.", minimum=1
+    )
+    early_stopping_min_delta: float = _arg(
+        0.0, "Least change of --best-metric that counts as an improvement.", minimum=0
+    )
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -227,6 +261,7 @@ class TrainingArgs:
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
         yield from self._osft_problems()
+        yield from validation_problems(self)
 
     def _osft_problems(self):
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -257,12 +292,13 @@ class TrainingArgs:
     def warnings(self) -> list[str]:
         """Legal but probably unintended settings, printed at the start of a run."""
         out = []
-        exports = self.save_final_checkpoint or self.checkpoint_at_epoch
+        exports = self.save_final_checkpoint or self.checkpoint_at_epoch or self.save_best
         if not (exports or self.min_samples_per_checkpoint):
             out.append(
                 "no weights will be written (only training states, with --save-every-steps): "
                 "pass --save-final-checkpoint to get OUT/final/"
             )
+        out += validation_warnings(self)
         return out
 
     @property

@@ -221,6 +221,7 @@ def test_config_keys_cover_the_training_flags():
         "model_name_or_path", "data_path", "data_index", "output_dir", "learning_rate",
         "resume", "save_final_checkpoint", "osft_svd_cache", "wandb_run_name",
         "model_revision",  # the commit of the top-level model_revision (a Hub model)
+        "validation_data_path", "save_best",
     }  # fmt: skip
     fields = {f for f in TrainingArgs.__dataclass_fields__}
     assert options <= fields

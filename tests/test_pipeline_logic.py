@@ -350,11 +350,17 @@ def test_options_are_the_fields_the_pipeline_does_not_set():
     assert list(options) == [f for f in fields if f not in schema.SET_BY_PIPELINE]
     assert set(schema.SET_BY_PIPELINE) <= set(fields)
     set_here = set(pipeline.training_options(small(), "sft", "0.01", 1))
-    # The train rule adds the output folder and --resume; OSFT, wandb and a Hub model (its
-    # commit) add the other three.
+    # The train rule adds the output folder and --resume; OSFT, wandb, a validation file and a Hub
+    # model (its commit) add the others.
     assert set(schema.SET_BY_PIPELINE) - set_here == {
-        "output_dir", "resume", "osft_svd_cache", "wandb_run_name", "model_revision"
+        "output_dir", "resume", "osft_svd_cache", "wandb_run_name", "validation_data_path",
+        "save_best", "model_revision",
     }  # fmt: skip
+
+
+VALIDATION_FIELDS = ("validation_every_steps", "validation_max_tokens_per_gpu", "save_best",
+                     "best_metric", "early_stopping_patience",
+                     "early_stopping_min_delta")  # fmt: skip
 
 
 def _outside(bound: str, value: float, kind: type) -> float:
@@ -364,7 +370,10 @@ def _outside(bound: str, value: float, kind: type) -> float:
 
 
 def _base_for(name: str) -> dict:
-    """Valid options around field `name` (OSFT ones need OSFT on, in adaptive mode)."""
+    """Valid options around field `name` (OSFT ones need OSFT on, in adaptive mode; validation
+    ones a validation file)."""
+    if name in VALIDATION_FIELDS:
+        return {**REQUIRED, "validation_data_path": "v.jsonl"}
     if not name.startswith("osft_"):
         return dict(REQUIRED)
     return {**REQUIRED, "osft": True, "osft_rank_mode": "adaptive", "osft_unfreeze_rank_ratio": 0.5,
@@ -399,6 +408,7 @@ CHOICES = [(f.name, f.metadata["choices"]) for f in dataclasses.fields(TrainingA
 def test_the_engine_takes_exactly_the_generated_choices(name, choices):
     extra = {"max_steps": 1} if name == "training_mode" else {}
     extra |= {"osft": True, "osft_unfreeze_rank_ratio": 0.5} if name.startswith("osft_") else {}
+    extra |= {"validation_data_path": "v.jsonl"} if name in VALIDATION_FIELDS else {}
     for choice in choices:
         TrainingArgs(**REQUIRED, **extra, **{name: choice, "max_tokens": 1})
     with pytest.raises(UserError, match=f"--{name.replace('_', '-')}: unknown value"):
@@ -422,3 +432,70 @@ def test_check_command_names_the_line_of_a_configfile(tmp_path, capsys):
     assert main([str(good)]) == 0 and capsys.readouterr().err == ""
     assert main([str(good), str(bad)]) == 2
     assert capsys.readouterr().err.startswith(f"{bad}:4: YAML syntax error: ")
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation during training: a split or a task's own file, best/ evaluated on request.
+
+
+def test_validation_fraction_splits_trains_on_the_rest_and_evaluates_best():
+    config = small(validation_every_steps=8)
+    config["data"]["validation_fraction"] = 0.1
+    config["evaluation"]["checkpoint"] = "best"
+    pipeline.check_config(config)
+    for stage, task in ((1, "sort"), (2, "sort_desc")):
+        options = pipeline.training_options(config, "sft", "0.01", stage)
+        assert options["data_path"] == f"results/data/{task}.split.train.jsonl"
+        assert options["validation_data_path"] == f"results/data/{task}.split.validation.jsonl"
+        assert options["save_best"] is True and options["validation_every_steps"] == 8
+        flags = shlex.split(pipeline.cli_flags(options))
+        assert "--save-best" in flags and flags[flags.index("--validation-every-steps") + 1] == "8"
+        key = pipeline.run_key(config, "sft", "0.01", stage)
+        inputs = pipeline.train_inputs(config, "sft", "0.01", stage, key)
+        assert inputs["data"] == options["data_path"]
+        assert inputs["validation"] == options["validation_data_path"]
+        best = pipeline.eval_checkpoint(config, f"sft/lr0.01/stage{stage}")
+        assert best == pipeline.run_dir(config, "sft", "0.01", stage) + "/best"
+    # The next stage starts from final/, whatever is evaluated.
+    assert pipeline.start_model(config, "sft", "0.01", 2).endswith("/final")
+    assert pipeline.eval_checkpoint(config, "base") == "resources/demo/model"
+    config["evaluation"]["checkpoint"] = "final"
+    assert pipeline.eval_checkpoint(config, "sft/lr0.01/stage1") == pipeline.final_dir(
+        config, "sft", "0.01", 1
+    )
+
+
+def test_a_task_validation_file_wins_and_none_changes_nothing(demo):
+    config = small()
+    keys = [pipeline.run_key(config, "sft", "0.01", s) for s in (1, 2)]
+    assert pipeline.validation_file(config, "sort") is None
+    assert "validation" not in pipeline.train_inputs(config, "sft", "0.01", 1, keys[0])
+    assert "validation_data_path" not in pipeline.training_options(config, "sft", "0.01", 1)
+    config["tasks"] = {"sort": {"train": "t.jsonl", "eval": "e.jsonl", "validation": "v.jsonl"}}
+    config["data"]["validation_fraction"] = 0.1
+    options = pipeline.training_options(config, "sft", "0.01", 1)
+    assert options["validation_data_path"] == "v.jsonl" and options["data_path"] == "t.jsonl"
+    assert pipeline.train_file(config, "sort_desc") == "results/data/sort_desc.split.train.jsonl"
+    # Run keys without validation are those of before (existing run folders keep resuming).
+    assert pipeline.run_dir(demo, "sft", "0.003", 1).endswith("/4a6f81bd52")
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "message"),
+    [("training", "early_stopping_patience",
+      "config: training.early_stopping_patience (method sft)"),
+     ("method", "best_metric", "config: methods.sft.training.best_metric"),
+     ("evaluation", "checkpoint", "config: evaluation.checkpoint: best")],
+)  # fmt: skip
+def test_validation_keys_without_a_validation_file_fail_at_once(where, key, message):
+    config = small()
+    value = {"early_stopping_patience": 2, "best_metric": "val_exact_match"}.get(key, "best")
+    {"training": config["training"], "evaluation": config["evaluation"],
+     "method": config["methods"]["sft"].setdefault("training", {})}[where][key] = value  # fmt: skip
+    config["tasks"] = {"sort": {"train": "t.jsonl", "eval": "e.jsonl", "validation": "v.jsonl"}}
+    with pytest.raises(pipeline.ConfigError) as caught:
+        pipeline.check_config(config)
+    assert str(caught.value).startswith(message)
+    assert "no validation file for sort_desc (set data.validation_fraction" in str(caught.value)
+    config["data"]["validation_fraction"] = 0.2
+    pipeline.check_config(config)

@@ -106,6 +106,8 @@ def _non_default(field: dataclasses.Field, kind: type):
         return "float16"
     if field.name == "osft_rank_mode":
         return "adaptive"
+    if field.name == "best_metric":
+        return "val_exact_match"
     if kind is float:
         return 0.25 if field.default in (None, dataclasses.MISSING) else field.default / 2 + 0.125
     if kind is int:

@@ -69,9 +69,7 @@ def evaluate_model(
     chunk_size: int | None = None,
 ) -> dict:
     """The metrics of `model_path` on `data_path`, the same dict on every rank."""
-    from mini_trainer.batching.collator import collate_packed, plan_step
-    from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
-    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.evaluate.stats import chunked_eval_stats
     from mini_trainer.training.method import FullFineTuning
     from mini_trainer.training.model_setup import build_model
 
@@ -85,6 +83,26 @@ def evaluate_model(
     model, config = build_model(setup, stats_fn, runtime, FullFineTuning())
     model.eval()
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+    totals = evaluate_loaded(model, dataset, runtime, max_tokens_per_gpu, pad_id, stats_fn)
+    return {"model": str(model_path), "data": str(data_path), **totals}
+
+
+def evaluate_loaded(
+    model, dataset, runtime: Runtime, max_tokens_per_gpu: int, pad_id: int, stats_fn=None
+) -> dict:
+    """The metrics of an already built (sharded) `model` on `dataset`, the same on every rank.
+
+    This is the evaluator, shared by `mini-trainer evaluate` and validation during training
+    (`training/validation.py`): samples are split over the ranks by tokens (`plan_step`), each
+    rank sums its micro-batches, and one all-reduce gives the totals. The model's `loss_fn` is
+    replaced per micro-batch by `stats_fn` (default `chunked_eval_stats`); the caller restores
+    it when the model trains on. Runs under `no_grad`; the caller sets eval mode.
+    """
+    from mini_trainer.batching.collator import collate_packed, plan_step
+    from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
+    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+
+    stats_fn = stats_fn or chunked_eval_stats
     plan = plan_step(
         np.arange(len(dataset)),
         dataset.lengths,
@@ -122,8 +140,6 @@ def evaluate_model(
         )
     loss = loss_sum / loss_tokens
     return {
-        "model": str(model_path),
-        "data": str(data_path),
         "num_samples": plan.num_samples,
         "num_tokens": plan.num_tokens,
         "num_loss_tokens": loss_tokens,

@@ -38,6 +38,7 @@ from mini_trainer.pipeline.layout import (
     base_model,
     data_index,
     data_summary,
+    eval_checkpoint,
     eval_json,
     eval_model,
     eval_sources,
@@ -56,7 +57,9 @@ from mini_trainer.pipeline.layout import (
     svd_targets_key,
     sweep,
     task_file,
+    train_file,
     training_options,
+    validation_file,
 )
 
 __all__ = [
@@ -79,6 +82,7 @@ __all__ = [
     "cli_flags",
     "data_index",
     "data_summary",
+    "eval_checkpoint",
     "eval_json",
     "eval_model",
     "eval_sources",
@@ -104,8 +108,10 @@ __all__ = [
     "sweep",
     "task_file",
     "torchrun_launcher",
+    "train_file",
     "train_inputs",
     "train_node_resources",
     "train_threads",
     "training_options",
+    "validation_file",
 ]

@@ -24,6 +24,7 @@ from mini_trainer.pipeline.layout import (
     lr_str,
     run_dir,
     training_options,
+    validation_file,
 )
 from mini_trainer.training_args import TrainingArgs
 
@@ -94,8 +95,43 @@ def check_config(config: Config) -> None:
         reprs = [lr_str(lr) for lr in method["learning_rates"]]
         if len(set(reprs)) != len(reprs):
             raise ConfigError(f"config: methods.{name}.learning_rates", "has the same rate twice")
+        _check_validation(config, name)
         for lr in reprs:
             check_method_options(config, name, lr)
+    _check_validation(config, None)
+
+
+VALIDATION_OPTIONS = (
+    "validation_every_steps",
+    "validation_max_tokens_per_gpu",
+    "best_metric",
+    "early_stopping_patience",
+    "early_stopping_min_delta",
+)
+"""Options that only mean something with a validation file (the pipeline passes the file)."""
+
+
+def _check_validation(config: Config, method: str | None) -> None:
+    """Validation options (of `method`) or `evaluation.checkpoint: best` (`method` None) need
+    a validation file for every stage: say so, rather than the engine's "needs
+    --validation-data-path", which the pipeline sets itself."""
+    missing = [t for t in config["stages"] if not validation_file(config, t)]
+    if not missing:
+        return
+    where = (
+        f"no validation file for {', '.join(missing)} (set data.validation_fraction, or "
+        "tasks.<task>.validation)"
+    )
+    if method is None:
+        if config["evaluation"]["checkpoint"] == "best":
+            raise ConfigError("config: evaluation.checkpoint", f"best: {where}")
+        return
+    own = config["methods"][method].get("training", {})
+    for key in VALIDATION_OPTIONS:
+        if key in own:
+            raise ConfigError(f"config: methods.{method}.training.{key}", where)
+        if key in config["training"]:
+            raise ConfigError(f"config: training.{key} (method {method})", where)
 
 
 def _check_stages(config: Config) -> None:

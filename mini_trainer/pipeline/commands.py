@@ -25,7 +25,8 @@ from mini_trainer.pipeline.layout import (
     start_model,
     svd_dir,
     sweep,
-    task_file,
+    train_file,
+    validation_file,
 )
 
 
@@ -101,9 +102,11 @@ def train_inputs(config: Config, method: str, lr: str, stage: int, key: str) -> 
     task = config["stages"][stage - 1]
     inputs = {
         "model": model_input(config, start_model(config, method, lr, stage)),
-        "data": task_file(config, task, "train"),
+        "data": train_file(config, task),
         "index": data_index(task),
     }
+    if validation_file(config, task):
+        inputs["validation"] = validation_file(config, task)
     if method_options(config, method).get("osft"):
         inputs["svd"] = svd_dir(config, method, lr, stage)
     return inputs

@@ -3,9 +3,11 @@
 
     resources/demo/{model,data}                      demo_assets (model: demo only)
     results/data/{task}.train.{index.parquet,summary.json}            validate
+    results/data/{task}.split.{train,validation}.jsonl   split_validation (data.validation_fraction)
     results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
     results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
         final/                                       ... its only declared output
+        best/                                        ... with a validation file (--save-best)
     results/eval/{base | method/lr{lr}/stage{i}}/{task}.json                  evaluate
     results/manifest.json, results/report/report.html                 manifest, report
 
@@ -84,6 +86,23 @@ def task_file(config: Config, task: str, split: str) -> str:
     return f"{DEMO_DIR}/data/{task}.{split}.jsonl"
 
 
+def validation_file(config: Config, task: str) -> str | None:
+    """The file `task` validates on during training: its own, or the split; None without."""
+    own = config["tasks"].get(task, {}).get("validation")
+    if own:
+        return own
+    if config["data"].get("validation_fraction"):
+        return f"results/data/{task}.split.validation.jsonl"
+    return None
+
+
+def train_file(config: Config, task: str) -> str:
+    """What `task` trains on: its training file, less the validation split when there is one."""
+    if validation_file(config, task) == f"results/data/{task}.split.validation.jsonl":
+        return f"results/data/{task}.split.train.jsonl"
+    return task_file(config, task, "train")
+
+
 def data_index(task: str) -> str:
     return f"results/data/{task}.train.index.parquet"
 
@@ -156,7 +175,7 @@ def _stage_options(
     options = method_options(config, method)
     options.update(
         model_name_or_path=base_model(config) if previous_run is None else f"{previous_run}/final",
-        data_path=task_file(config, task, "train"),
+        data_path=train_file(config, task),
         data_index=data_index(task),
         learning_rate=lr_value(config, method, lr),
         save_final_checkpoint=True,
@@ -166,6 +185,9 @@ def _stage_options(
 
         if revision := model_revision(config, options["model_name_or_path"]):
             options["model_revision"] = revision  # a Hub model, pinned (and in the run key)
+    validation = validation_file(config, task)
+    if validation:  # best/ is always kept, so evaluation.checkpoint retrains nothing
+        options.update(validation_data_path=validation, save_best=True)
     if options.get("osft"):
         options["osft_svd_cache"] = _svd_dir(config, method, previous_run)
     if options.get("wandb_project"):
@@ -240,6 +262,17 @@ def parse_source(source: str) -> tuple[str, str, int] | None:
 def eval_model(config: Config, source: str) -> str:
     parsed = parse_source(source)
     return base_model(config) if parsed is None else final_dir(config, *parsed)
+
+
+def eval_checkpoint(config: Config, source: str) -> str:
+    """The folder `evaluate` scores: eval_model's, or its run's best/ (evaluation.checkpoint).
+
+    best/ is not a declared output (not every run has one); the evaluate rule depends on
+    final/, written after best/."""
+    parsed = parse_source(source)
+    if parsed is None or config["evaluation"]["checkpoint"] == "final":
+        return eval_model(config, source)
+    return f"{run_dir(config, *parsed)}/best"
 
 
 def eval_json(source: str, task: str) -> str:

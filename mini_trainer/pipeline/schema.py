@@ -39,6 +39,8 @@ SET_BY_PIPELINE = (
     "osft_svd_cache",
     "wandb_run_name",
     "model_revision",  # the commit of the top-level `model_revision` (a Hub model)
+    "validation_data_path",
+    "save_best",
 )
 """TrainingArgs fields the pipeline sets itself (`layout.training_options`): not options."""
 

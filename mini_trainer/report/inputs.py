@@ -59,6 +59,38 @@ class RunData:
     rows: list[dict] = field(default_factory=list)
     args: dict | None = None
     problem: str | None = None
+    best: dict | None = None
+    """`best/best_checkpoint.json` of a run with `--save-best` (step, metric, value)."""
+
+    def validation_rows(self) -> list[dict]:
+        """The rows of validated steps (they carry `val_loss`)."""
+        return [row for row in self.rows if _number(row.get("val_loss"))]
+
+    def best_validation(self) -> tuple[int, float] | None:
+        """(step, val_loss) of the best validation: best/'s step when the run kept one, else
+        the best row by the run's --best-metric (training/validation.py's direction)."""
+        from mini_trainer.training.validation import VAL_METRICS
+
+        rows = self.validation_rows()
+        if not rows:
+            return None
+        by_step = {row["step"]: row for row in rows}
+        step = (self.best or {}).get("step")
+        if step in by_step:
+            return step, by_step[step]["val_loss"]
+        metric = (self.args or {}).get("best_metric") or "val_loss"
+        if metric not in VAL_METRICS:
+            metric = "val_loss"
+        scored = [row for row in rows if _number(row.get(metric))]
+        if not scored:
+            return None
+        pick = min if VAL_METRICS[metric] == "min" else max
+        row = pick(scored, key=lambda r: r[metric])  # the first of equal values, as in training
+        return row["step"], row["val_loss"]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def lr_label(lr: float | None) -> str:
@@ -184,4 +216,5 @@ def read_run(path: Path, label: str | None = None) -> RunData:
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             run.rows.append(row)
     run.args, _ = read_json_file(path / "training_args.json")
+    run.best, _ = read_json_file(path / "best" / "best_checkpoint.json")
     return run

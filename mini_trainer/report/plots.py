@@ -56,7 +56,11 @@ def plot_training(runs: Sequence[RunData], path: Path) -> None:
         colour = colours(i % colours.N)
         ax_loss.plot(*_series(run, "loss"), color=colour, lw=1.2, label=run.label)
         ax_lr.plot(*_series(run, "lr"), color=colour, lw=1.2)
-    ax_loss.set(xlabel="step", ylabel="training loss (answer tokens)", title="Loss", yscale="log")
+        _plot_validation(ax_loss, run, colour)
+    validated = any(run.validation_rows() for run in runs)
+    title = "Loss (solid: training; dashed: validation, \u2605 best step)" if validated else "Loss"
+    ylabel = "loss (answer tokens)" if validated else "training loss (answer tokens)"
+    ax_loss.set(xlabel="step", ylabel=ylabel, title=title, yscale="log")
     # Plain numbers at 1, 2, 5 x 10^k on the log axis (not "6 x 10^0" on every minor tick).
     ax_loss.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax_loss.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
@@ -66,6 +70,17 @@ def plot_training(runs: Sequence[RunData], path: Path) -> None:
     for ax in (ax_loss, ax_lr):
         ax.grid(alpha=0.3)
     _save(fig, path, _legend_below(fig, ax_loss, len(runs), height))
+
+
+def _plot_validation(ax, run: RunData, colour) -> None:
+    """The run's validation loss, dashed in the run's colour; a star marks the best step."""
+    steps, values = _series(RunData(run.path, run.label, run.validation_rows()), "val_loss")
+    if not steps:
+        return
+    ax.plot(steps, values, color=colour, lw=1.2, ls="--", marker="o", ms=3)
+    best = run.best_validation()
+    if best is not None:
+        ax.plot(*best, color=colour, marker="*", ms=13, mec="black", mew=0.6, ls="none")
 
 
 def plot_throughput(runs: Sequence[RunData], path: Path) -> None:

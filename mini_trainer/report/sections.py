@@ -100,13 +100,16 @@ def training_section(runs: list[RunData], folder: Path, plots) -> tuple[str, str
         last = r.rows[-1] if r.rows else {}
         speeds = [row["tokens_per_second"] for row in r.rows if "tokens_per_second" in row]
         speed = sorted(speeds)[len(speeds) // 2] if speeds else None
+        best = r.best_validation()  # no validation: empty cells, not "missing"
+        best_cells = [h.num(best[1]), h.num(best[0], "{:d}")] if best else [h.text("")] * 2
         rows.append([
             h.text(r.label), h.num(last.get("step"), "{:d}"), h.num(last.get("loss")),
+            *best_cells,
             h.num(speed, "{:,.0f}"), h.num(last.get("peak_memory_gb"), "{:.2f}"),
             h.text(str(r.path)), h.text(r.problem or ""),
         ])  # fmt: skip
-    headers = ["run", "steps", "final loss", "median tokens/s", "peak memory (GiB)", "folder",
-               "problem"]  # fmt: skip
+    headers = ["run", "steps", "final loss", "best val loss", "best step", "median tokens/s",
+               "peak memory (GiB)", "folder", "problem"]  # fmt: skip
     parts.append(h.table(headers, rows))
     return "training", "Training", "".join(parts)
 

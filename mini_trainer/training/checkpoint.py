@@ -55,6 +55,7 @@ def save_hf_checkpoint(
     runtime: Runtime,
     to_dense=lambda state: state,
     training_args: dict | None = None,
+    extra_json: dict[str, dict] | None = None,
 ) -> None:
     """Write a loadable Hugging Face folder, gathering and writing one module at a time.
 
@@ -63,6 +64,7 @@ def save_hf_checkpoint(
     holds the whole model (`models/export.py`). `training_args` (the run's resolved arguments)
     is written into the folder as `training_args.json`, so a model used elsewhere, or as the
     start of a chained stage, still says which run, data and base weights it came from.
+    `extra_json` ({file name: dict}) adds metadata files, published with the weights.
     """
     from mini_trainer.models.export import export_hf_weights
 
@@ -74,6 +76,8 @@ def save_hf_checkpoint(
             _write_hf_extras(config, model_path, tmp, dtype)
             if training_args is not None:
                 (tmp / TRAINING_ARGS).write_text(json.dumps(training_args, indent=2) + "\n")
+            for name, content in (extra_json or {}).items():
+                (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
         log.info("saved %s", final)
     else:
         export_hf_weights(model, None, dtype, runtime, to_dense, tied, MAX_SHARD_BYTES)

@@ -54,6 +54,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.run_folder import recording_bad_input
     from mini_trainer.training.run_lock import lock_output_dir
     from mini_trainer.training.stopping import finished, planned_steps
+    from mini_trainer.training.validation import Validator
 
     out = Path(args.output_dir)
     lock_output_dir(out, runtime)  # one job per output folder, for the job's life
@@ -64,6 +65,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     dataset = load_dataset(args, runtime)
     total_steps = planned_steps(args, len(dataset))
     sampler = BatchSampler(len(dataset), args.batch_size, args.seed)
+    validator = Validator(args, runtime) if args.validation_data_path else None
     # rank 0 picks an intact state of this same run (or moves an unsaved attempt aside) before
     # any model loads
     run_print = run_fingerprint(args, dataset) if runtime.is_main else None
@@ -80,7 +82,10 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     scheduler = build_scheduler(args, optimizer, total_steps)
 
     # -- resume (the state was chosen after the data phase)
-    progress = restore(resumed_from, model, optimizer, scheduler, sampler, runtime)
+    saved = restore(resumed_from, model, optimizer, scheduler, sampler, runtime)
+    progress = saved.progress
+    if validator is not None:
+        validator.load_state_dict(saved.validation)
     if runtime.is_main:
         start_record(out, args, resumed_from, progress.step)
         log.info(
@@ -105,7 +110,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 steps=progress.step,
                 epochs_completed=sampler.epoch,
                 loss_tokens=progress.loss_tokens_seen,
-            ):
+            ) and not (validator is not None and validator.should_stop):
                 started = time.perf_counter()
                 batch = sampler.next_batch()
                 plan, micro_batches = prefetcher.prepare(batch)
@@ -117,8 +122,16 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 progress.step += 1
                 progress.samples_seen += len(batch.indices)
                 progress.loss_tokens_seen += plan.batch_num_loss_tokens
+                val_row = {}
+                if validator is not None:  # after the step, before its row: the row carries val_*
+                    last = finished(args, steps=progress.step, epochs_completed=sampler.epoch,
+                                    loss_tokens=progress.loss_tokens_seen)  # fmt: skip
+                    val_row = validator.after_step(
+                        model, pad_id, progress.step, last, saver.save_hf
+                    )
                 if logger is not None:
-                    logger.log(step_metrics.row(progress, batch, plan, result, step_time))
+                    row = step_metrics.row(progress, batch, plan, result, step_time)
+                    logger.log({**row, **val_row})
 
                 # -- after the step: checkpoints that are due
                 due = checkpoints_due(
@@ -139,6 +152,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                             sampler=sampler.state_dict(),
                             scheduler=scheduler.state_dict(),
                             fingerprint=run_print,
+                            validation=validator.state_dict() if validator is not None else None,
                         )
                     )
                 if result.stop_requested:
@@ -164,12 +178,13 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     return 0
 
 
-def restore(resumed_from, model, optimizer, scheduler, sampler, runtime: Runtime) -> Progress:
-    """Load the chosen state into the model, optimizer, scheduler and sampler; its progress."""
+def restore(resumed_from, model, optimizer, scheduler, sampler, runtime: Runtime) -> TrainerState:
+    """Load the chosen state into the model, optimizer, scheduler and sampler; return it (a fresh
+    one when starting from step 0)."""
     from mini_trainer.training import checkpoint
 
     if resumed_from is None:
-        return Progress()
+        return TrainerState()
     saved = checkpoint.load_state(resumed_from, model, optimizer, runtime)
     scheduler.load_state_dict(saved.scheduler)
     try:
@@ -177,7 +192,7 @@ def restore(resumed_from, model, optimizer, scheduler, sampler, runtime: Runtime
     except ValueError as error:
         raise UserError(f"{resumed_from}: --resume: {error}") from None
     log.info("resumed from %s (step %d)", resumed_from, saved.progress.step)
-    return saved.progress
+    return saved
 
 
 def start_record(out: Path, args: TrainingArgs, resumed_from, step: int) -> None:
@@ -210,7 +225,7 @@ class Saver:
                 self.args.keep_states,
             )  # fmt: skip
 
-    def save_hf(self, name: str) -> None:
+    def save_hf(self, name: str, extra_json: dict | None = None) -> None:
         from mini_trainer.training import checkpoint, divergence
         from mini_trainer.training.save_guard import write_errors
 
@@ -219,7 +234,7 @@ class Saver:
             checkpoint.save_hf_checkpoint(
                 self.model, self.config, self.args.model_name_or_path, self.out / name,
                 self.args.save_dtype, self.runtime, self.method.export_weights,
-                training_args=asdict(self.args),
+                training_args=asdict(self.args), extra_json=extra_json,
             )  # fmt: skip
 
 

@@ -79,6 +79,8 @@ class MetricsLogger:
             f"loss {row['loss']:.4f} lr {row['lr']:.2e} "
             f"{row['tokens_per_second']:.0f} tok/s grad {row['grad_norm']:.3f}"
         )
+        if "val_loss" in row:  # a validation step (training/validation.py)
+            summary += f" val_loss {row['val_loss']:.4f} val_acc {row['val_token_accuracy']:.3f}"
         if self.bar is not None:
             self.bar.set_postfix_str(summary, refresh=False)
             self.bar.update(1)

@@ -41,6 +41,8 @@ class TrainerState:
     sampler: dict = field(default_factory=dict)
     scheduler: dict = field(default_factory=dict)
     fingerprint: dict | None = None
+    validation: dict | None = None
+    """The validation tracker's best value, its step and the patience count (None without)."""
     version: int = SCHEMA_VERSION
 
     def to_json(self) -> str:
@@ -58,6 +60,7 @@ class TrainerState:
                 sampler=raw.get("sampler", {}),
                 scheduler=raw.get("scheduler", {}),
                 fingerprint=raw.get("fingerprint"),
+                validation=raw.get("validation"),
                 version=int(raw.get("version", 1)),
             )
         except (ValueError, KeyError, TypeError) as error:

@@ -57,7 +57,7 @@ rule resolve_model:
 rule validate:
     """Check every line of a task's training file and write the lengths index training reads."""
     input:
-        data=lambda wc: task_file(wc.task, "train"),
+        data=lambda wc: train_file(wc.task),
         model=model_input(base_model()),
     output:
         index=data_index("{task}"),
@@ -85,4 +85,34 @@ rule validate:
         '"$MINI_TRAINER_PYTHON" -m mini_trainer validate {input.data:q} {params.model}'
         " --max-tokens-per-gpu {params.max_tokens_per_gpu} --on-long {params.on_long}"
         " --workers {threads} --out-index {output.index:q} --out-summary {output.summary:q}"
+        " > {log} 2>&1"
+
+
+rule split_validation:
+    """Split data.validation_fraction of a task's training file off as its validation file."""
+    input:
+        data=lambda wc: task_file(wc.task, "train"),
+        eval=lambda wc: task_file(wc.task, "eval"),
+    output:
+        train="results/data/{task}.split.train.jsonl",
+        validation="results/data/{task}.split.validation.jsonl",
+    params:
+        fraction=config["data"].get("validation_fraction"),
+        seed=config["training"].get("seed", 42),
+    log:
+        "logs/split_validation/{task}.log",
+    benchmark:
+        "results/benchmarks/split_validation/{task}.tsv"
+    threads: 1
+    resources:
+        mem_mb=rule_resource("validate", "mem_mb"),
+        runtime=rule_resource("validate", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        # The validation file is checked by the training job (as the training data); the
+        # training part by the validate rule.
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer split-validation {input.data:q}'
+        " --fraction {params.fraction} --seed {params.seed} --exclude {input.eval:q}"
+        " --out-train {output.train:q} --out-validation {output.validation:q} --force"
         " > {log} 2>&1"

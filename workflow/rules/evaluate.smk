@@ -13,7 +13,7 @@ rule evaluate:
     wildcard_constraints:
         source=r"base|[A-Za-z0-9][A-Za-z0-9_-]*/lr[0-9][0-9.e+-]*/stage[1-9][0-9]*",
     params:
-        model=lambda wc: model_flags(eval_model(wc.source)),
+        model=lambda wc: model_flags(eval_checkpoint(wc.source)),
         options=cli_flags(
             {
                 "max_tokens_per_gpu": config["evaluation"]["max_tokens_per_gpu"],
