@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,12 +40,24 @@ CONFIGS = {
     "125m-2r-T256-osft": ("125m", 2, 256, False, 0.5),
 }
 LLAMA_125M = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 768,
-    "intermediate_size": 2048, "num_hidden_layers": 12, "num_attention_heads": 12,
-    "num_key_value_heads": 4, "head_dim": 64, "vocab_size": 32000, "max_position_embeddings": 2048,
-    "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "hidden_act": "silu", "use_cache": False,
-    "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
-}  # fmt: skip
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 768,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+    "use_cache": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
 
 
 def child_env() -> dict:
@@ -59,8 +72,12 @@ def make_models(work: Path) -> dict[str, Path]:
     """The demo model and the 125M Llama, built locally (nothing downloaded)."""
     demo = work / "demo"
     if not (demo / "model").is_dir():
-        subprocess.run([sys.executable, "-m", "mini_trainer", "demo-assets", "--out", str(demo)],
-                       check=True, env=child_env(), capture_output=True)  # fmt: skip
+        subprocess.run(
+            [sys.executable, "-m", "mini_trainer", "demo-assets", "--out", str(demo)],
+            check=True,
+            env=child_env(),
+            capture_output=True,
+        )
     big = work / "llama-125m"
     if not (big / "model.safetensors").is_file():
         import torch
@@ -84,7 +101,12 @@ def make_data(work: Path, vocab: int, samples: int) -> Path:
 
 
 def training_flags(model: Path, ranks: int, tokens: int, ac: bool, osft: float | None) -> list[str]:
-    flags = ["--max-tokens-per-gpu", str(tokens), "--batch-size", str(ranks * tokens // SAMPLE_TOKENS)]
+    flags = [
+        "--max-tokens-per-gpu",
+        str(tokens),
+        "--batch-size",
+        str(ranks * tokens // SAMPLE_TOKENS),
+    ]
     if ac:
         flags.append("--activation-checkpointing")
     if osft is not None:
@@ -94,19 +116,50 @@ def training_flags(model: Path, ranks: int, tokens: int, ac: bool, osft: float |
 
 def measure(model: Path, data: Path, flags: list[str], ranks: int, work: Path, name: str) -> dict:
     out, probe = work / f"run-{name}", work / f"probe-{name}"
-    train = ["-m", "mini_trainer.train", "--model-name-or-path", str(model), "--data-path",
-             str(data), "--output-dir", str(out), "--max-steps", "3", "--training-mode", "step",
-             *flags]  # fmt: skip
-    head = [sys.executable] if ranks == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)
-    ]  # fmt: skip
+    shutil.rmtree(out, ignore_errors=True)  # a rerun measures afresh
+    train = [
+        "-m",
+        "mini_trainer.train",
+        "--model-name-or-path",
+        str(model),
+        "--data-path",
+        str(data),
+        "--output-dir",
+        str(out),
+        "--max-steps",
+        "3",
+        "--training-mode",
+        "step",
+        *flags,
+    ]
+    head = (
+        [sys.executable]
+        if ranks == 1
+        else [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(ranks),
+        ]
+    )
     started = time.perf_counter()
-    done = subprocess.run([*head, *train], env=child_env() | {"MINI_TRAINER_MEMORY_PROBE": str(probe)},
-                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    done = subprocess.run(
+        [*head, *train],
+        env=child_env() | {"MINI_TRAINER_MEMORY_PROBE": str(probe)},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if done.returncode:
         raise SystemExit(f"{name}: training failed\n{done.stderr[-3000:]}")
     snapshot = json.loads(Path(f"{probe}.rank0.json").read_text())["cpu"]
-    return {"peak": snapshot["Total"], "breakdown": snapshot, "seconds": time.perf_counter() - started}
+    return {
+        "peak": snapshot["Total"],
+        "breakdown": snapshot,
+        "seconds": time.perf_counter() - started,
+    }
 
 
 def predict(model: Path, ranks: int, flags: list[str]) -> dict:
@@ -114,8 +167,11 @@ def predict(model: Path, ranks: int, flags: list[str]) -> dict:
 
     cluster = Cluster(nodes=1, gpus_per_node=ranks, gpu_memory_gib=16, device="cpu")
     plan = make_plan(str(model), None, cluster, flags)
-    return {"peak": plan["per_gpu"]["peak_bytes"], "phase": plan["per_gpu"]["peak_phase"],
-            "seconds": plan["plan_seconds"]}  # fmt: skip
+    return {
+        "peak": plan["per_gpu"]["peak_bytes"],
+        "phase": plan["per_gpu"]["peak_phase"],
+        "seconds": plan["plan_seconds"],
+    }
 
 
 def main() -> None:
@@ -138,8 +194,11 @@ def main() -> None:
         planned = predict(models[kind], ranks, flags)
         ratio = planned["peak"] / measured["peak"]
         rows.append({"config": name, "measured": measured, "plan": planned, "ratio": ratio})
-        print(f"{name:24s} {measured['peak'] / 2**20:12.1f} {planned['peak'] / 2**20:10.1f} "
-              f"{ratio:13.3f}  {planned['phase']}", flush=True)  # fmt: skip
+        print(
+            f"{name:24s} {measured['peak'] / 2**20:12.1f} {planned['peak'] / 2**20:10.1f} "
+            f"{ratio:13.3f}  {planned['phase']}",
+            flush=True,
+        )
     worst = max(abs(row["ratio"] - 1) for row in rows)
     print(f"worst |plan/measured - 1|: {worst:.1%} (goal <= 15%); load average {os.getloadavg()}")
     if options.out:

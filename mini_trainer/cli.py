@@ -518,16 +518,37 @@ def launch(
 @click.option("--model-revision", default=None, help="Revision of a Hub id (see issue 20).")
 @click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), required=True)
-@click.option("--gpu-memory-gib", type=click.FloatRange(min=0, min_open=True), required=True,
-              help="Memory of one GPU (or, with --device cpu, the host memory per rank).")
-@click.option("--gpu", "gpu_name", default=None,
-              help="GPU name for its peak bf16 TFLOP/s (H100, H200, A100, B200, L40S, ...).")
-@click.option("--peak-tflops", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Peak TFLOP/s of one GPU for the step-time estimate (instead of --gpu).")
-@click.option("--bandwidth-gbs", type=click.FloatRange(min=0, min_open=True), default=None,
-              help="Collective bandwidth per GPU, GB/s [default: 360 on one node, 45 across].")
-@click.option("--device", type=click.Choice(["cuda", "cpu"]), default="cuda", show_default=True,
-              help="cpu: plan a CPU run (fp32, no allocator overhead), as the tests train.")
+@click.option(
+    "--gpu-memory-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    required=True,
+    help="Memory of one GPU (or, with --device cpu, the host memory per rank).",
+)
+@click.option(
+    "--gpu",
+    "gpu_name",
+    default=None,
+    help="GPU name for its peak bf16 TFLOP/s (H100, H200, A100, B200, L40S, ...).",
+)
+@click.option(
+    "--peak-tflops",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Peak TFLOP/s of one GPU for the step-time estimate (instead of --gpu).",
+)
+@click.option(
+    "--bandwidth-gbs",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Collective bandwidth per GPU, GB/s [default: 360 on one node, 45 across].",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "cpu"]),
+    default="cuda",
+    show_default=True,
+    help="cpu: plan a CPU run (fp32, no allocator overhead), as the tests train.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 @click.argument("train_flags", nargs=-1, type=click.UNPROCESSED)
 def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import REPO_ROOT, run_cli
 
 from mini_trainer.errors import UserError
 from mini_trainer.osft.svd import part_shapes
 from mini_trainer.plan import activations
 from mini_trainer.plan import model as planned
 from mini_trainer.plan.inputs import Cluster, load_config, make_plan, training_args
-
-from conftest import REPO_ROOT, run_cli
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plan"
 LLAMA_8B = FIXTURES / "llama-3.1-8b"
@@ -54,9 +53,12 @@ def test_osft_counts_follow_the_ranks_the_method_keeps(demo_model):
         shapes = part_shapes(target.rows, target.cols, target.frozen)
         trainable_factors += sum(math.prod(shapes[n]) for n in ("U_low", "S_low", "V_low"))
     non_targets = sum(
-        p.numel() for n, p in wrapped.named_parameters() if not n.rsplit(".", 1)[-1].endswith(
-            ("W_high", "_high", "_low_init", "U_low", "S_low", "V_low"))
-    )  # fmt: skip
+        p.numel()
+        for n, p in wrapped.named_parameters()
+        if not n.rsplit(".", 1)[-1].endswith(
+            ("W_high", "_high", "_low_init", "U_low", "S_low", "V_low")
+        )
+    )
     assert counts.trainable_params == trainable_factors + non_targets
     assert counts.shard_osft_trainable == trainable_factors
     assert counts.dense_params == meta(demo_model)[2].total_params
@@ -74,9 +76,22 @@ def test_activation_trace_is_linear_in_tokens_and_checkpointing_keeps_layer_inpu
 
 
 def test_plan_json_for_llama_8b_on_8_h100():
-    result = run_cli("plan", "--model", LLAMA_8B, "--gpus-per-node", "8", "--gpu-memory-gib",
-                     "80", "--gpu", "H100", "--max-tokens-per-gpu", "16384",
-                     "--activation-checkpointing", "--json", check=True)  # fmt: skip
+    result = run_cli(
+        "plan",
+        "--model",
+        LLAMA_8B,
+        "--gpus-per-node",
+        "8",
+        "--gpu-memory-gib",
+        "80",
+        "--gpu",
+        "H100",
+        "--max-tokens-per-gpu",
+        "16384",
+        "--activation-checkpointing",
+        "--json",
+        check=True,
+    )
     plan = json.loads(result.stdout)
     gpu = plan["per_gpu"]
     assert gpu["fits"] and gpu["peak_bytes"] < gpu["budget_bytes"]
@@ -93,8 +108,12 @@ def test_plan_table_says_when_70b_does_not_fit_and_the_largest_t():
     gpu = plan["per_gpu"]
     assert not gpu["fits"] and gpu["margin_bytes"] < 0
     assert gpu["largest_max_tokens_per_gpu"] < 16384
-    smaller = make_plan(str(LLAMA_70B), None, cluster,
-                        ["--max-tokens-per-gpu", str(gpu["largest_max_tokens_per_gpu"])])  # fmt: skip
+    smaller = make_plan(
+        str(LLAMA_70B),
+        None,
+        cluster,
+        ["--max-tokens-per-gpu", str(gpu["largest_max_tokens_per_gpu"])],
+    )
     assert smaller["per_gpu"]["fits"]
 
 
@@ -107,16 +126,26 @@ def test_plan_table_says_when_70b_does_not_fit_and_the_largest_t():
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(flags, message):
-    result = run_cli("plan", "--model", LLAMA_8B, "--gpus-per-node", "8", "--gpu-memory-gib",
-                     "80", *flags)  # fmt: skip
+    result = run_cli(
+        "plan", "--model", LLAMA_8B, "--gpus-per-node", "8", "--gpu-memory-gib", "80", *flags
+    )
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_unknown_model_family_is_one_line(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-family"}))
-    result = run_cli("plan", "--model", tmp_path, "--gpus-per-node", "1", "--gpu-memory-gib",
-                     "80", "--max-tokens-per-gpu", "512")  # fmt: skip
+    result = run_cli(
+        "plan",
+        "--model",
+        tmp_path,
+        "--gpus-per-node",
+        "1",
+        "--gpu-memory-gib",
+        "80",
+        "--max-tokens-per-gpu",
+        "512",
+    )
     assert result.returncode == 2
     assert "unknown model family 'no-such-family'" in result.stderr
     with pytest.raises(UserError):
@@ -136,7 +165,9 @@ def test_plan_peak_within_15_percent_of_a_measured_run(name, demo_dir, tmp_path)
     bench = _benchmark()
     kind, ranks, tokens, ac, osft = bench.CONFIGS[name]
     model = demo_dir / "model"
-    data = bench.make_data(tmp_path, json.loads((model / "config.json").read_text())["vocab_size"], 64)
+    data = bench.make_data(
+        tmp_path, json.loads((model / "config.json").read_text())["vocab_size"], 64
+    )
     flags = bench.training_flags(model, ranks, tokens, ac, osft)
     measured = bench.measure(model, data, flags, ranks, tmp_path, name)
     predicted = bench.predict(model, ranks, flags)

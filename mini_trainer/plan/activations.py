@@ -92,8 +92,10 @@ def trace(wrapped: nn.Module, tokens: int, compute_dtype: torch.dtype, cuda: boo
     model = wrapped.model
     decoder = model.get_decoder()
     layers = decoder.layers
-    uniform = len({tuple((n, tuple(p.shape)) for n, p in layer.named_parameters())
-                   for layer in layers}) == 1  # fmt: skip
+    uniform = (
+        len({tuple((n, tuple(p.shape)) for n, p in layer.named_parameters()) for layer in layers})
+        == 1
+    )
     traced = 1 if uniform else len(layers)
     config = model.config
     saved_attention = config._attn_implementation
@@ -140,9 +142,15 @@ def trace(wrapped: nn.Module, tokens: int, compute_dtype: torch.dtype, cuda: boo
         cu = torch.zeros(2, dtype=torch.int32, device="meta")
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             hidden = decoder(
-                input_ids=ids, position_ids=positions, use_cache=False, packed_bounds=[[0, tokens]],
-                cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=tokens, max_length_k=tokens,
-            ).last_hidden_state  # fmt: skip
+                input_ids=ids,
+                position_ids=positions,
+                use_cache=False,
+                packed_bounds=[[0, tokens]],
+                cu_seq_lens_q=cu,
+                cu_seq_lens_k=cu,
+                max_length_q=tokens,
+                max_length_k=tokens,
+            ).last_hidden_state
         outside[-1] = hidden.untyped_storage().nbytes()  # the loss's input
     finally:
         for handle in handles:

@@ -73,7 +73,8 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
     """The whole plan as one JSON-able object (`render.py` prints it)."""
     import torch
 
-    from mini_trainer.plan import activations, host, memory, model as planned
+    from mini_trainer.plan import activations, host, memory
+    from mini_trainer.plan import model as planned
     from mini_trainer.training.loss import DEFAULT_CHUNK_SIZE
 
     started = time.perf_counter()
@@ -93,33 +94,48 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
     compute = torch.bfloat16 if cuda else torch.float32
     trace = activations.trace(wrapped, args.max_tokens_per_gpu, compute, cuda)
     setup = memory.Setup(
-        world=cluster.world, tokens=args.max_tokens_per_gpu, cuda=cuda,
-        activation_checkpointing=args.activation_checkpointing, cpu_offload=args.cpu_offload,
-        liger=args.use_liger_kernels, defer_grad_sync=args.defer_grad_sync,
-        chunk_size=DEFAULT_CHUNK_SIZE, hidden=config.hidden_size, vocab=config.vocab_size,
-    )  # fmt: skip
+        world=cluster.world,
+        tokens=args.max_tokens_per_gpu,
+        cuda=cuda,
+        activation_checkpointing=args.activation_checkpointing,
+        cpu_offload=args.cpu_offload,
+        liger=args.use_liger_kernels,
+        defer_grad_sync=args.defer_grad_sync,
+        chunk_size=DEFAULT_CHUNK_SIZE,
+        hidden=config.hidden_size,
+        vocab=config.vocab_size,
+    )
     result = memory.memory(counts, trace, setup)
     budget = int(cluster.gpu_memory_gib * memory.GIB)
     host_lines, disk_lines = host.host_and_disk(
-        counts, cluster.gpus_per_node, args.cpu_offload, args.osft,
+        counts,
+        cluster.gpus_per_node,
+        args.cpu_offload,
+        args.osft,
         {"float32": 4, "bfloat16": 2, "float16": 2}[args.save_dtype],
-    )  # fmt: skip
+    )
     return {
         "model": str(model_dir),
         "model_type": config.model_type,
         "cluster": asdict(cluster) | {"world_size": cluster.world},
         "training": {
-            "max_tokens_per_gpu": args.max_tokens_per_gpu, "batch_size": args.batch_size,
-            "osft": args.osft, "osft_unfreeze_rank_ratio": args.osft_unfreeze_rank_ratio,
+            "max_tokens_per_gpu": args.max_tokens_per_gpu,
+            "batch_size": args.batch_size,
+            "osft": args.osft,
+            "osft_unfreeze_rank_ratio": args.osft_unfreeze_rank_ratio,
             "activation_checkpointing": args.activation_checkpointing,
-            "cpu_offload": args.cpu_offload, "use_liger_kernels": args.use_liger_kernels,
+            "cpu_offload": args.cpu_offload,
+            "use_liger_kernels": args.use_liger_kernels,
             "defer_grad_sync": args.defer_grad_sync,
-        },  # fmt: skip
+        },
         "parameters": {
-            "total": counts.total_params, "trainable": counts.trainable_params,
-            "per_gpu_shard": counts.shard_params, "fsdp_units": len(counts.units),
-            "optimizer_groups": counts.decay_groups, "osft_targets": counts.osft_targets,
-        },  # fmt: skip
+            "total": counts.total_params,
+            "trainable": counts.trainable_params,
+            "per_gpu_shard": counts.shard_params,
+            "fsdp_units": len(counts.units),
+            "optimizer_groups": counts.decay_groups,
+            "osft_targets": counts.osft_targets,
+        },
         "per_gpu": {
             "lines": [asdict(line) for line in result.lines],
             "phases": result.phases,

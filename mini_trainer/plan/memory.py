@@ -83,7 +83,9 @@ def loss_head_bytes(setup: Setup, tokens: int) -> tuple[int, int]:
     c_bytes = setup.compute_bytes
     chunk = min(setup.chunk_size, tokens)
     if setup.liger:
-        chunk = 2 ** math.ceil(math.log2(max(1, math.ceil(tokens / math.ceil(setup.vocab / setup.hidden)))))
+        chunk = 2 ** math.ceil(
+            math.log2(max(1, math.ceil(tokens / math.ceil(setup.vocab / setup.hidden))))
+        )
         chunk = min(chunk, tokens)
     held = tokens * setup.hidden * c_bytes + setup.vocab * setup.hidden * c_bytes
     per_chunk = chunk * setup.vocab * (4 + (2 * c_bytes if c_bytes != 4 else 0))
@@ -107,29 +109,74 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
     if setup.defer_grad_sync:  # every unit's gradients unsharded (fp32) between micro-batches
         grads_unsharded = counts.trainable_params * 4
     lines = [
-        Line("parameter shard (fp32)", plain * 4 * on_gpu, "counted", PHASES,
-             "on the host (--cpu-offload)" if setup.cpu_offload else ""),
-        Line("OSFT factors and bases (fp32)", (counts.shard_osft_frozen + counts.shard_osft_trainable) * 4 * on_gpu,
-             "counted", PHASES, "W_high and frozen bases; low factors train"),
+        Line(
+            "parameter shard (fp32)",
+            plain * 4 * on_gpu,
+            "counted",
+            PHASES,
+            "on the host (--cpu-offload)" if setup.cpu_offload else "",
+        ),
+        Line(
+            "OSFT factors and bases (fp32)",
+            (counts.shard_osft_frozen + counts.shard_osft_trainable) * 4 * on_gpu,
+            "counted",
+            PHASES,
+            "W_high and frozen bases; low factors train",
+        ),
         Line("gradient shard (fp32)", counts.shard_trainable * 4 * on_gpu, "counted", (BEND, OPT)),
-        Line("optimizer states (AdamW, fp32)", 2 * counts.shard_trainable * 4 * on_gpu, "counted", PHASES),
-        Line("root unit unsharded", counts.root.params * c_bytes, "counted", (FWD, BWD, BEND),
-             "embeddings, final norm, LM head: not resharded after forward"),
-        Line("decoder units in flight", 2 * largest_unit * c_bytes, "counted", (FWD, BWD, BEND),
-             "the running unit and the prefetched one"),
-        Line("activations of one packed row", saved, "traced", (FWD, BWD),
-             f"{trace.traced_layers} of {trace.layers} layers traced on meta tensors"),
+        Line(
+            "optimizer states (AdamW, fp32)",
+            2 * counts.shard_trainable * 4 * on_gpu,
+            "counted",
+            PHASES,
+        ),
+        Line(
+            "root unit unsharded",
+            counts.root.params * c_bytes,
+            "counted",
+            (FWD, BWD, BEND),
+            "embeddings, final norm, LM head: not resharded after forward",
+        ),
+        Line(
+            "decoder units in flight",
+            2 * largest_unit * c_bytes,
+            "counted",
+            (FWD, BWD, BEND),
+            "the running unit and the prefetched one",
+        ),
+        Line(
+            "activations of one packed row",
+            saved,
+            "traced",
+            (FWD, BWD),
+            f"{trace.traced_layers} of {trace.layers} layers traced on meta tensors",
+        ),
         Line("recomputed layer (checkpointing)", recompute, "traced", (BWD,)),
         Line("loss head: gradients kept for backward", held, "formula", (FWD, BWD)),
         Line("loss head: one chunk's logits", chunk, "formula", (FWD,)),
-        Line("root gradients, unsharded", counts.root.trainable * (c_bytes + 4), "counted", (BEND,),
-             "embeddings and LM head, with their fp32 reduce-scatter input"),
-        Line("communication buffers", largest_unit * c_bytes + largest_trainable_unit * 4, "formula",
-             (BWD, BEND), "one unit's all-gather output and reduce-scatter input"),
+        Line(
+            "root gradients, unsharded",
+            counts.root.trainable * (c_bytes + 4),
+            "counted",
+            (BEND,),
+            "embeddings and LM head, with their fp32 reduce-scatter input",
+        ),
+        Line(
+            "communication buffers",
+            largest_unit * c_bytes + largest_trainable_unit * 4,
+            "formula",
+            (BWD, BEND),
+            "one unit's all-gather output and reduce-scatter input",
+        ),
         Line("unsharded gradients (--defer-grad-sync)", grads_unsharded, "counted", (BEND,)),
-        Line("optimizer step temporaries", (counts.shard_trainable * 4 if setup.cuda else counts.largest_param * 4) * on_gpu,
-             "formula", (OPT,), "foreach AdamW: one fp32 copy of the shard; CPU: one parameter"),
-    ]  # fmt: skip
+        Line(
+            "optimizer step temporaries",
+            (counts.shard_trainable * 4 if setup.cuda else counts.largest_param * 4) * on_gpu,
+            "formula",
+            (OPT,),
+            "foreach AdamW: one fp32 copy of the shard; CPU: one parameter",
+        ),
+    ]
     result = Memory([line for line in lines if line.bytes or line.source != "formula"])
     for phase in PHASES:
         result.phases[phase] = sum(line.bytes for line in result.lines if phase in line.phases)
@@ -137,10 +184,16 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
     tensors = result.phases[result.peak_phase]
     overhead = int(tensors * ALLOCATOR_FRACTION) + CUDA_CONTEXT_BYTES if setup.cuda else 0
     result.lines.append(
-        Line("allocator overhead", overhead, "formula", PHASES,
-             f"{ALLOCATOR_FRACTION:.0%} of tensors + {CUDA_CONTEXT_BYTES / GIB:.1f} GiB CUDA/NCCL"
-             if setup.cuda else "none counted on the CPU (tensor bytes only)")
-    )  # fmt: skip
+        Line(
+            "allocator overhead",
+            overhead,
+            "formula",
+            PHASES,
+            f"{ALLOCATOR_FRACTION:.0%} of tensors + {CUDA_CONTEXT_BYTES / GIB:.1f} GiB CUDA/NCCL"
+            if setup.cuda
+            else "none counted on the CPU (tensor bytes only)",
+        )
+    )
     result.peak = tensors + overhead
     return result
 

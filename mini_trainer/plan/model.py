@@ -145,11 +145,15 @@ def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts
     targets = getattr(method, "targets", {})
     counts.osft_targets = len(targets)
     counts.osft_svd_elements = sum(t.rank * (t.rows + t.cols + 1) for t in targets.values())
-    counts.dense_params = counts.total_params - sum(
-        p.numel()
-        for n, p in wrapped.named_parameters()
-        if n.rsplit(".", 1)[-1] in (*OSFT_FROZEN_PARTS, "U_low", "S_low", "V_low")
-    ) + sum(t.rows * t.cols for t in targets.values() if t.factorized)
+    counts.dense_params = (
+        counts.total_params
+        - sum(
+            p.numel()
+            for n, p in wrapped.named_parameters()
+            if n.rsplit(".", 1)[-1] in (*OSFT_FROZEN_PARTS, "U_low", "S_low", "V_low")
+        )
+        + sum(t.rows * t.cols for t in targets.values() if t.factorized)
+    )
     return counts
 
 

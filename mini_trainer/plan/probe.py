@@ -32,6 +32,11 @@ class MemoryProbe:
 
         self._tracker = MemTracker()
         self._tracker.track_external(model, optimizer)
+        # The tracker hooks every parameter's gradient, which a frozen one (OSFT) refuses:
+        # mark those as hooked already (nothing to remove at the end).
+        for param in model.parameters():
+            if not param.requires_grad:
+                self._tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
         # The tracker refuses a module run twice unless its per-module stats are cleared; the
         # peak it keeps is global and survives the reset.
         optimizer.register_step_post_hook(lambda *_: self._reset())
@@ -53,6 +58,11 @@ class MemoryProbe:
         }
         path = Path(f"{self._prefix}.rank{self._rank}.json")
         path.write_text(json.dumps(out, indent=2) + "\n")
+
+
+class _NoHook:
+    def remove(self) -> None:
+        pass
 
 
 def memory_probe(model, optimizer, rank: int) -> MemoryProbe:

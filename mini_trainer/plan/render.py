@@ -18,22 +18,36 @@ def table(plan: dict) -> str:
         f"cluster: {cluster['nodes']} x {cluster['gpus_per_node']} {cluster['device']} "
         f"(world {cluster['world_size']}), {cluster['gpu_memory_gib']:g} GiB each; "
         f"--max-tokens-per-gpu {training['max_tokens_per_gpu']}"
-        + "".join(f", --{k.replace('_', '-')}" for k in
-                  ("osft", "activation_checkpointing", "cpu_offload", "use_liger_kernels",
-                   "defer_grad_sync") if training[k])
-        + (f" {training['osft_unfreeze_rank_ratio']:g}" if training["osft"]
-           and training["osft_unfreeze_rank_ratio"] is not None else ""),
+        + "".join(
+            f", --{k.replace('_', '-')}"
+            for k in (
+                "osft",
+                "activation_checkpointing",
+                "cpu_offload",
+                "use_liger_kernels",
+                "defer_grad_sync",
+            )
+            if training[k]
+        )
+        + (
+            f" {training['osft_unfreeze_rank_ratio']:g}"
+            if training["osft"] and training["osft_unfreeze_rank_ratio"] is not None
+            else ""
+        ),
         "",
         f"per GPU {'':38s} {'bytes':>14s}  source   phases",
-    ]  # fmt: skip
+    ]
     short = {"forward end": "F", "backward start": "B", "backward end": "E", "optimizer step": "O"}
     for line in gpu["lines"]:
         phases = "".join(short[p] for p in line["phases"])
         note = f"  ({line['note']})" if line["note"] else ""
-        out.append(f"  {line['name']:44s} {_gib(line['bytes']):>14s}  {line['source']:8s} "
-                   f"{phases}{note}")  # fmt: skip
-    out.append("  phases: F forward end, B backward start, E backward end, O optimizer step: "
-               + ", ".join(f"{short[p]} {_gib(v)}" for p, v in gpu["phases"].items()))  # fmt: skip
+        out.append(
+            f"  {line['name']:44s} {_gib(line['bytes']):>14s}  {line['source']:8s} {phases}{note}"
+        )
+    out.append(
+        "  phases: F forward end, B backward start, E backward end, O optimizer step: "
+        + ", ".join(f"{short[p]} {_gib(v)}" for p, v in gpu["phases"].items())
+    )
     verdict = "fits" if gpu["fits"] else "DOES NOT FIT"
     out += [
         f"  peak {_gib(gpu['peak_bytes'])} at {gpu['peak_phase']} (allocator overhead included): "
@@ -53,11 +67,14 @@ def table(plan: dict) -> str:
         "",
         f"step time, {step['label']}: {step['flops_per_micro_batch'] / 1e12:,.1f} TFLOP per "
         f"micro-batch per GPU ({step['assumes']})"
-        + (f" = {compute:.3f} s at {step['peak_tflops']:g} TFLOP/s peak" if compute else
-           " (no peak known: pass --gpu or --peak-tflops)"),
+        + (
+            f" = {compute:.3f} s at {step['peak_tflops']:g} TFLOP/s peak"
+            if compute
+            else " (no peak known: pass --gpu or --peak-tflops)"
+        ),
         f"  collectives: {step['collective_bytes_per_micro_batch'] / 1e9:,.2f} GB per micro-batch "
         f"per GPU = {step['collective_seconds']:.3f} s at {step['bandwidth_gbs']:g} GB/s",
         f"(planned in {plan['plan_seconds']:.1f} s; lines: counted from the meta model, traced on "
         "meta tensors, or formula: docs/plan.md)",
-    ]  # fmt: skip
+    ]
     return "\n".join(out)
