@@ -28,15 +28,8 @@ class MemoryProbe:
         self._rank = rank
         if not self._prefix:
             return
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        self._tracker = MemTracker()
+        self._tracker = _tracker_class()()
         self._tracker.track_external(model, optimizer)
-        # The tracker hooks every parameter's gradient, which a frozen one (OSFT) refuses:
-        # mark those as hooked already (nothing to remove at the end).
-        for param in model.parameters():
-            if not param.requires_grad:
-                self._tracker._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
         # The tracker refuses a module run twice unless its per-module stats are cleared; the
         # peak it keeps is global and survives the reset.
         optimizer.register_step_post_hook(lambda *_: self._reset())
@@ -63,6 +56,21 @@ class MemoryProbe:
 class _NoHook:
     def remove(self) -> None:
         pass
+
+
+def _tracker_class():
+    """torch's MemTracker, except that it leaves frozen parameters (OSFT) without the gradient
+    hook it installs on every parameter a module uses (torch refuses a hook there)."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    class Tracker(MemTracker):
+        def _track_module_params_and_buffers(self, module, install_grad_hooks=True):
+            for param in module.parameters():
+                if not param.requires_grad and param not in self._param_to_grad_hook_handles:
+                    self._param_to_grad_hook_handles[param] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    return Tracker
 
 
 def memory_probe(model, optimizer, rank: int) -> MemoryProbe:
