@@ -550,10 +550,15 @@ def launch(
     help="cpu: plan a CPU run (fp32, no allocator overhead), as the tests train.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@click.option(
+    "--require-fit",
+    is_flag=True,
+    help="Exit with status 4 (after printing the plan) when the peak does not fit.",
+)
 @click.argument("train_flags", nargs=-1, type=click.UNPROCESSED)
 def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
          gpu_memory_gib: float, gpu_name: str | None, peak_tflops: float | None,
-         bandwidth_gbs: float | None, device: str, as_json: bool,
+         bandwidth_gbs: float | None, device: str, as_json: bool, require_fit: bool,
          train_flags: tuple[str, ...]) -> None:  # fmt: skip
     """Per-GPU memory of a training configuration, from MODEL's config.json alone.
 
@@ -565,7 +570,8 @@ def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
     buffers, communication buffers and allocator overhead; the peak, whether it fits with its
     margin, and the largest T that fits. Per node: host memory and disk. Step time is an
     estimate at a stated peak and bandwidth. Exit status 2 on bad input; 0 whether or not it
-    fits (the JSON's per_gpu.fits says). See docs/plan.md.
+    fits (the JSON's per_gpu.fits says), or 4 with --require-fit when it does not.
+    See docs/plan.md.
     """
     import json
 
@@ -579,6 +585,15 @@ def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
                       bandwidth_gbs)  # fmt: skip
     result = make_plan(model, model_revision, cluster, list(train_flags))
     click.echo(json.dumps(result, indent=2) if as_json else table(result))
+    gpu = result["per_gpu"]
+    if require_fit and not gpu["fits"]:
+        click.echo(
+            f"error: the peak {gpu['peak_bytes'] / 1024**3:.1f} GiB per GPU does not fit in "
+            f"{gpu['budget_bytes'] / 1024**3:.1f} GiB (largest --max-tokens-per-gpu that fits: "
+            f"{gpu['largest_max_tokens_per_gpu']})",
+            err=True,
+        )
+        sys.exit(4)
 
 
 def main() -> None:

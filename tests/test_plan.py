@@ -172,3 +172,12 @@ def test_plan_peak_within_15_percent_of_a_measured_run(name, demo_dir, tmp_path)
     measured = bench.measure(model, data, flags, ranks, tmp_path, name)
     predicted = bench.predict(model, ranks, flags)
     assert abs(predicted["peak"] / measured["peak"] - 1) <= 0.15, (predicted, measured)
+
+
+def test_require_fit_prints_the_plan_then_exits_4():
+    result = run_cli("plan", "--model", LLAMA_70B, "--nodes", "2", "--gpus-per-node", "8",
+                     "--gpu-memory-gib", "80", "--max-tokens-per-gpu", "16384",
+                     "--activation-checkpointing", "--require-fit")  # fmt: skip
+    assert result.returncode == 4
+    assert "DOES NOT FIT" in result.stdout
+    assert "does not fit in 80.0 GiB" in result.stderr
