@@ -10,7 +10,8 @@ The peak is the largest of four moments of a step (steady state, from step 2 on)
   activation, the loss head's buffers (its forward computes the gradients too);
 - start of backward: the same, plus the LM head's unsharded gradient, one unit's gradients in
   the reduce-scatter buffer, and the layer being recomputed with activation checkpointing;
-- end of backward: the activations are gone, every gradient shard is there;
+- end of backward: the activations are gone, the layers' gradient shards are there, and the
+  root's gradients, unsharded, with their reduce-scatter input (2+ ranks);
 - optimizer step: shards, gradients, states, and the update's temporaries.
 """
 
@@ -105,6 +106,8 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
     saved = int(trace.saved(setup.activation_checkpointing) * scale)
     held, chunk = loss_head_bytes(setup, setup.tokens)
     recompute = int(trace.layer_bytes * scale) if setup.activation_checkpointing else 0
+    layer_grads = (counts.shard_trainable - counts.root.shard_trainable) * 4
+    root_grads = counts.root.trainable * (c_bytes + (4 if setup.world > 1 else 0))
     grads_unsharded = 0
     if setup.defer_grad_sync:  # every unit's gradients unsharded (fp32) between micro-batches
         grads_unsharded = counts.trainable_params * 4
@@ -123,7 +126,14 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
             PHASES,
             "W_high and frozen bases; low factors train",
         ),
-        Line("gradient shard (fp32)", counts.shard_trainable * 4 * on_gpu, "counted", (BEND, OPT)),
+        Line("gradient shard (fp32)", counts.shard_trainable * 4 * on_gpu, "counted", (OPT,)),
+        Line(
+            "gradient shard of the decoder layers",
+            layer_grads * on_gpu,
+            "counted",
+            (BEND,),
+            "all but the root's, which is reduced last",
+        ),
         Line(
             "optimizer states (AdamW, fp32)",
             2 * counts.shard_trainable * 4 * on_gpu,
@@ -156,7 +166,7 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
         Line("loss head: one chunk's logits", chunk, "formula", (FWD,)),
         Line(
             "root gradients, unsharded",
-            counts.root.trainable * (c_bytes + 4),
+            root_grads,
             "counted",
             (BEND,),
             "embeddings and LM head, with their fp32 reduce-scatter input",

@@ -32,6 +32,8 @@ class Unit:
     """Elements of all its parameters (unsharded)."""
     trainable: int
     """Elements that get gradients."""
+    shard_trainable: int = 0
+    """This rank's elements of those."""
 
 
 @dataclass
@@ -138,6 +140,7 @@ def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts
             counts.shard_osft_trainable += shard
         if param.requires_grad:
             unit.trainable += numel
+            unit.shard_trainable += shard
             counts.trainable_params += numel
             counts.shard_trainable += shard
     for group in method.param_groups(wrapped, weight_decay):
