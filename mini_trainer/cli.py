@@ -616,5 +616,91 @@ def launch(
     sys.exit(launch_workers(plan.torchrun, flags))
 
 
+@cli.command(
+    "plan",
+    context_settings={"ignore_unknown_options": True},
+)
+@click.option("--model", required=True, help="Model folder; only its config.json is read.")
+@click.option("--model-revision", default=None, help="Revision of a Hub id (see issue 20).")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), required=True)
+@click.option(
+    "--gpu-memory-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    required=True,
+    help="Memory of one GPU (or, with --device cpu, the host memory per rank).",
+)
+@click.option(
+    "--gpu",
+    "gpu_name",
+    default=None,
+    help="GPU name for its peak bf16 TFLOP/s (H100, H200, A100, B200, L40S, ...).",
+)
+@click.option(
+    "--peak-tflops",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Peak TFLOP/s of one GPU for the step-time estimate (instead of --gpu).",
+)
+@click.option(
+    "--bandwidth-gbs",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Collective bandwidth per GPU, GB/s [default: 360 on one node, 45 across].",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["cuda", "cpu"]),
+    default="cuda",
+    show_default=True,
+    help="cpu: plan a CPU run (fp32, no allocator overhead), as the tests train.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@click.option(
+    "--require-fit",
+    is_flag=True,
+    help="Exit with status 4 (after printing the plan) when the peak does not fit.",
+)
+@click.argument("train_flags", nargs=-1, type=click.UNPROCESSED)
+def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
+         gpu_memory_gib: float, gpu_name: str | None, peak_tflops: float | None,
+         bandwidth_gbs: float | None, device: str, as_json: bool, require_fit: bool,
+         train_flags: tuple[str, ...]) -> None:  # fmt: skip
+    """Per-GPU memory of a training configuration, from MODEL's config.json alone.
+
+    TRAIN_FLAGS are `train`'s own flags, same names and checks: --max-tokens-per-gpu T
+    (tokens of one packed row), --batch-size, --osft --osft-unfreeze-rank-ratio U,
+    --activation-checkpointing, --cpu-offload, --use-liger-kernels, --defer-grad-sync ...
+    Prints per GPU: parameter, gradient and optimizer shards, OSFT factors, the FSDP2 units in
+    flight, the activations of one row of T tokens (traced on meta tensors), the loss head's
+    buffers, communication buffers and allocator overhead; the peak, whether it fits with its
+    margin, and the largest T that fits. Per node: host memory and disk. Step time is an
+    estimate at a stated peak and bandwidth. Exit status 2 on bad input; 0 whether or not it
+    fits (the JSON's per_gpu.fits says), or 4 with --require-fit when it does not.
+    See docs/plan.md.
+    """
+    import json
+
+    from mini_trainer.plan.inputs import Cluster, make_plan
+    from mini_trainer.plan.render import table
+    from mini_trainer.training.flops import peak_flops
+
+    if gpu_name is not None and peak_flops(gpu_name) is None and peak_tflops is None:
+        raise UserError(f"--gpu: unknown GPU name {gpu_name!r} (pass --peak-tflops instead)")
+    cluster = Cluster(nodes, gpus_per_node, gpu_memory_gib, device, gpu_name, peak_tflops,
+                      bandwidth_gbs)  # fmt: skip
+    result = make_plan(model, model_revision, cluster, list(train_flags))
+    click.echo(json.dumps(result, indent=2) if as_json else table(result))
+    gpu = result["per_gpu"]
+    if require_fit and not gpu["fits"]:
+        click.echo(
+            f"error: the peak {gpu['peak_bytes'] / 1024**3:.1f} GiB per GPU does not fit in "
+            f"{gpu['budget_bytes'] / 1024**3:.1f} GiB (largest --max-tokens-per-gpu that fits: "
+            f"{gpu['largest_max_tokens_per_gpu']})",
+            err=True,
+        )
+        sys.exit(4)
+
+
 def main() -> None:
     cli(prog_name="mini-trainer")

@@ -40,6 +40,7 @@ class StepResult:
 def train(args: TrainingArgs, runtime: Runtime) -> int:
     """Run the job to its end (0) or to a requested stop (EXIT_PREEMPTED, state saved)."""
     from mini_trainer.batching.sampler import BatchSampler
+    from mini_trainer.plan.probe import memory_probe
     from mini_trainer.training import divergence, resume
     from mini_trainer.training.checkpoint_policy import checkpoints_due
     from mini_trainer.training.data_setup import load_dataset
@@ -80,6 +81,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     # -- optimizer
     optimizer = build_optimizer(args, method.param_groups(model, args.weight_decay))
     scheduler = build_scheduler(args, optimizer, total_steps)
+    probe = memory_probe(model, optimizer, runtime.rank)  # benchmarks/plan.py; off unless asked
 
     # -- resume (the state was chosen after the data phase)
     saved = restore(resumed_from, model, optimizer, scheduler, sampler, runtime)
@@ -167,6 +169,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
         except divergence.Diverged as error:
             raise error.at_step(progress.step + 1, out) from None
         finally:
+            probe.close()
             prefetcher.close()
             if logger is not None:
                 logger.close()

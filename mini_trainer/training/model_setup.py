@@ -80,19 +80,10 @@ def load_config(model_path: str, attention: str):
     return config
 
 
-def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLoss, object]:
-    """The FSDP2-sharded training model and its config, weights loaded from the model folder.
-
-    `method` (training/method.py) adapts the meta-device model before sharding and converts
-    rank 0's dense weights into the adapted model's state before they are broadcast.
-    """
+def meta_model(config, args, loss_fn, method, log_main: bool = False) -> CausalLMWithLoss:
+    """The training model on the meta device (no memory): adapted by the method, activation
+    checkpointing set, wrapped with the loss. Also what `mini-trainer plan` counts from."""
     from transformers import AutoModelForCausalLM
-
-    model_path = args.model_name_or_path
-    attention = pick_attention(runtime)
-    config = load_config(model_path, attention)
-    if runtime.is_main:
-        log.info("attention implementation: %s", attention)
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -101,22 +92,48 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
         )
-        if runtime.is_main:
+        if log_main:
             log.info("activation checkpointing: every decoder layer")
-    wrapped = CausalLMWithLoss(model, loss_fn)
+    return CausalLMWithLoss(model, loss_fn)
 
-    if args.cpu_offload and not runtime.is_cuda:
-        raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")
-    shard_kwargs = {}
-    if runtime.is_cuda:  # bf16 compute, fp32 master weights and gradient reduction
-        shard_kwargs["mp_policy"] = MixedPrecisionPolicy(
+
+def shard_policy(is_cuda: bool, cpu_offload: bool) -> dict:
+    """`fully_shard` keywords: bf16 compute, fp32 master weights and gradient reduction on
+    CUDA; fp32 throughout on the CPU; parameters and gradients on the host with offload."""
+    kwargs = {}
+    if is_cuda:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32
         )
-    if args.cpu_offload:
-        shard_kwargs["offload_policy"] = CPUOffloadPolicy()
-    for layer in decoder_layers(model):
-        fully_shard(layer, **shard_kwargs)
-    fully_shard(wrapped, **shard_kwargs)
+    if cpu_offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy()
+    return kwargs
+
+
+def fsdp_units(wrapped: CausalLMWithLoss) -> list[nn.Module]:
+    """The modules `fully_shard` is applied to, in order: every decoder block, then the root
+    (which keeps what no block owns: embeddings, final norm, LM head)."""
+    return [*decoder_layers(wrapped.model), wrapped]
+
+
+def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLoss, object]:
+    """The FSDP2-sharded training model and its config, weights loaded from the model folder.
+
+    `method` (training/method.py) adapts the meta-device model before sharding and converts
+    rank 0's dense weights into the adapted model's state before they are broadcast.
+    """
+    model_path = args.model_name_or_path
+    attention = pick_attention(runtime)
+    config = load_config(model_path, attention)
+    if runtime.is_main:
+        log.info("attention implementation: %s", attention)
+
+    wrapped = meta_model(config, args, loss_fn, method, log_main=runtime.is_main)
+    if args.cpu_offload and not runtime.is_cuda:
+        raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")
+    shard_kwargs = shard_policy(runtime.is_cuda, args.cpu_offload)
+    for unit in fsdp_units(wrapped):
+        fully_shard(unit, **shard_kwargs)
 
     wrapped.to_empty(device="cpu" if args.cpu_offload else runtime.device)
     # Rank 0 streams the checkpoint tensor by tensor into every rank's shards.

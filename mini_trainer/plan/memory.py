@@ -1,0 +1,228 @@
+"""Per-GPU memory of a training step: the lines, the phases, the peak and the largest T.
+
+Each line is bytes on one GPU (rank 0, the fullest: dim-0 padding lands on the first ranks) and
+says where it comes from: `counted` (from the meta model's parameters and units), `traced` (the
+meta-tensor trace of `activations.py`), or `formula` (a buffer whose size the code fixes but
+that the plan cannot observe: the loss head's chunk, FSDP2's buffers, the allocator).
+
+The peak is the largest of four moments of a step (steady state, from step 2 on):
+- end of forward: shards, optimizer states, the root unit and the units in flight, every saved
+  activation, the loss head's buffers (its forward computes the gradients too);
+- start of backward: the same, plus the LM head's unsharded gradient, one unit's gradients in
+  the reduce-scatter buffer, and the layer being recomputed with activation checkpointing;
+- end of backward: the activations are gone, the layers' gradient shards are there, and the
+  root's gradients, unsharded, with their reduce-scatter input (2+ ranks);
+- optimizer step: shards, gradients, states, and the update's temporaries.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mini_trainer.plan.activations import Trace
+from mini_trainer.plan.model import Counts
+
+GIB = 1024**3
+ALLOCATOR_FRACTION = 0.05
+"""CUDA caching-allocator fragmentation, as a share of tensor bytes (formula)."""
+CUDA_CONTEXT_BYTES = int(1.5 * GIB)
+"""CUDA context, cuBLAS workspaces and NCCL's own buffers, outside torch's tensors (formula)."""
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the memory depends on besides the model."""
+
+    world: int
+    tokens: int
+    cuda: bool
+    activation_checkpointing: bool
+    cpu_offload: bool
+    liger: bool
+    defer_grad_sync: bool
+    chunk_size: int
+    hidden: int
+    vocab: int
+
+    @property
+    def compute_bytes(self) -> int:
+        """bf16 compute on CUDA (MixedPrecisionPolicy), fp32 on the CPU."""
+        return 2 if self.cuda else 4
+
+
+@dataclass
+class Line:
+    name: str
+    bytes: int
+    source: str
+    """counted, traced or formula."""
+    phases: tuple[str, ...]
+    note: str = ""
+
+
+@dataclass
+class Memory:
+    lines: list[Line]
+    phases: dict[str, int] = field(default_factory=dict)
+    peak_phase: str = ""
+    peak: int = 0
+
+
+PHASES = ("forward end", "backward start", "backward end", "optimizer step")
+FWD, BWD, BEND, OPT = PHASES
+
+
+def loss_head_bytes(setup: Setup, tokens: int) -> tuple[int, int]:
+    """(bytes held through the backward, bytes that live only inside the loss forward).
+
+    training/loss.py: grad_hidden (N x H, compute dtype) and grad_weight (V x H, fp32 then cast
+    to the weight's dtype) are kept for the backward; a chunk holds its logits in fp32 (the
+    matmul's own output first when it computes in bf16) and the bf16 cast of their gradient.
+    Liger's kernel is the same shape of work with its own chunk size (N / ceil(V / H) rounded
+    up to a power of two)."""
+    c_bytes = setup.compute_bytes
+    chunk = min(setup.chunk_size, tokens)
+    if setup.liger:
+        chunk = 2 ** math.ceil(
+            math.log2(max(1, math.ceil(tokens / math.ceil(setup.vocab / setup.hidden))))
+        )
+        chunk = min(chunk, tokens)
+    held = tokens * setup.hidden * c_bytes + setup.vocab * setup.hidden * c_bytes
+    per_chunk = chunk * setup.vocab * (4 + (2 * c_bytes if c_bytes != 4 else 0))
+    if c_bytes != 4:  # the fp32 accumulator of grad_weight, cast to the weight's dtype at the end
+        per_chunk += setup.vocab * setup.hidden * 4
+    return held, per_chunk + chunk * setup.hidden * c_bytes
+
+
+def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
+    """The per-GPU lines at `setup.tokens` tokens per row (the trace is linear in tokens)."""
+    scale = setup.tokens / trace.tokens
+    c_bytes = setup.compute_bytes
+    on_gpu = 0 if setup.cpu_offload else 1
+    plain = counts.shard_params - counts.shard_osft_frozen - counts.shard_osft_trainable
+    largest_unit = max(u.params for u in counts.layer_units)
+    largest_trainable_unit = max(u.trainable for u in counts.layer_units)
+    saved = int(trace.saved(setup.activation_checkpointing) * scale)
+    held, chunk = loss_head_bytes(setup, setup.tokens)
+    recompute = int(trace.layer_bytes * scale) if setup.activation_checkpointing else 0
+    layer_grads = (counts.shard_trainable - counts.root.shard_trainable) * 4
+    root_grads = counts.root.trainable * (c_bytes + (4 if setup.world > 1 else 0))
+    grads_unsharded = 0
+    if setup.defer_grad_sync:  # every unit's gradients unsharded (fp32) between micro-batches
+        grads_unsharded = counts.trainable_params * 4
+    lines = [
+        Line(
+            "parameter shard (fp32)",
+            plain * 4 * on_gpu,
+            "counted",
+            PHASES,
+            "on the host (--cpu-offload)" if setup.cpu_offload else "",
+        ),
+        Line(
+            "OSFT factors and bases (fp32)",
+            (counts.shard_osft_frozen + counts.shard_osft_trainable) * 4 * on_gpu,
+            "counted",
+            PHASES,
+            "W_high and frozen bases; low factors train",
+        ),
+        Line("gradient shard (fp32)", counts.shard_trainable * 4 * on_gpu, "counted", (OPT,)),
+        Line(
+            "gradient shard of the decoder layers",
+            layer_grads * on_gpu,
+            "counted",
+            (BEND,),
+            "all but the root's, which is reduced last",
+        ),
+        Line(
+            "optimizer states (AdamW, fp32)",
+            2 * counts.shard_trainable * 4 * on_gpu,
+            "counted",
+            PHASES,
+        ),
+        Line(
+            "root unit unsharded",
+            counts.root.params * c_bytes,
+            "counted",
+            (FWD, BWD, BEND),
+            "embeddings, final norm, LM head: not resharded after forward",
+        ),
+        Line(
+            "decoder units in flight",
+            2 * largest_unit * c_bytes,
+            "counted",
+            (FWD, BWD, BEND),
+            "the running unit and the prefetched one",
+        ),
+        Line(
+            "activations of one packed row",
+            saved,
+            "traced",
+            (FWD, BWD),
+            f"{trace.traced_layers} of {trace.layers} layers traced on meta tensors",
+        ),
+        Line("recomputed layer (checkpointing)", recompute, "traced", (BWD,)),
+        Line("loss head: gradients kept for backward", held, "formula", (FWD, BWD)),
+        Line("loss head: one chunk's logits", chunk, "formula", (FWD,)),
+        Line(
+            "root gradients, unsharded",
+            root_grads,
+            "counted",
+            (BEND,),
+            "embeddings and LM head, with their fp32 reduce-scatter input",
+        ),
+        Line(
+            "communication buffers",
+            largest_unit * c_bytes + largest_trainable_unit * 4,
+            "formula",
+            (BWD, BEND),
+            "one unit's all-gather output and reduce-scatter input",
+        ),
+        Line("unsharded gradients (--defer-grad-sync)", grads_unsharded, "counted", (BEND,)),
+        Line(
+            "optimizer step temporaries",
+            (counts.shard_trainable * 4 if setup.cuda else counts.largest_param * 4) * on_gpu,
+            "formula",
+            (OPT,),
+            "foreach AdamW: one fp32 copy of the shard; CPU: one parameter",
+        ),
+    ]
+    result = Memory([line for line in lines if line.bytes or line.source != "formula"])
+    for phase in PHASES:
+        result.phases[phase] = sum(line.bytes for line in result.lines if phase in line.phases)
+    result.peak_phase = max(PHASES, key=lambda p: result.phases[p])
+    tensors = result.phases[result.peak_phase]
+    overhead = int(tensors * ALLOCATOR_FRACTION) + CUDA_CONTEXT_BYTES if setup.cuda else 0
+    result.lines.append(
+        Line(
+            "allocator overhead",
+            overhead,
+            "formula",
+            PHASES,
+            f"{ALLOCATOR_FRACTION:.0%} of tensors + {CUDA_CONTEXT_BYTES / GIB:.1f} GiB CUDA/NCCL"
+            if setup.cuda
+            else "none counted on the CPU (tensor bytes only)",
+        )
+    )
+    result.peak = tensors + overhead
+    return result
+
+
+def largest_tokens(counts: Counts, trace: Trace, setup: Setup, budget: int) -> int:
+    """The largest tokens per row whose peak fits `budget` bytes (0 if even 1 does not)."""
+    from dataclasses import replace
+
+    def fits(tokens: int) -> bool:
+        return memory(counts, trace, replace(setup, tokens=tokens)).peak <= budget
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, high * 2
+        if high > 1 << 30:
+            return low
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return low

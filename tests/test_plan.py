@@ -1,0 +1,183 @@
+"""`mini-trainer plan`: counts from the meta model, the activation trace, the command's output
+and its errors; and (slow) two configurations against a measured training run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO_ROOT, run_cli
+
+from mini_trainer.errors import UserError
+from mini_trainer.osft.svd import part_shapes
+from mini_trainer.plan import activations
+from mini_trainer.plan import model as planned
+from mini_trainer.plan.inputs import Cluster, load_config, make_plan, training_args
+
+FIXTURES = Path(__file__).parent / "fixtures" / "plan"
+LLAMA_8B = FIXTURES / "llama-3.1-8b"
+LLAMA_70B = FIXTURES / "llama-3.1-70b"
+
+
+def meta(model_dir: Path, *flags: str, world: int = 1):
+    args = training_args(model_dir, list(flags))
+    wrapped, method = planned.build(load_config(model_dir, "cuda"), args)
+    return wrapped, method, planned.count(wrapped, method, world, 0.0)
+
+
+def test_shard_elements_pads_dim_zero_like_fully_shard():
+    assert planned.shard_elements(torch.empty(10, 3, device="meta"), 4) == 3 * 3
+    assert planned.shard_elements(torch.empty(8, 3, device="meta"), 4) == 2 * 3
+    assert planned.shard_elements(torch.empty(5, device="meta"), 8) == 1
+
+
+def test_llama_8b_counts_match_the_published_size():
+    _, _, counts = meta(LLAMA_8B, world=8)
+    assert counts.total_params == 8_030_261_248  # Llama 3.1 8B
+    assert len(counts.units) == 33  # 32 decoder blocks and the root
+    assert counts.root.params == 2 * 128256 * 4096 + 4096
+    expected_shard = sum(planned.shard_elements(p, 8) for p in meta(LLAMA_8B)[0].parameters())
+    assert counts.shard_params == expected_shard
+    assert counts.decay_groups["no_decay"] == 65 * 4096  # the norms only
+
+
+def test_osft_counts_follow_the_ranks_the_method_keeps(demo_model):
+    wrapped, method, counts = meta(demo_model, "--osft", "--osft-unfreeze-rank-ratio", "0.25")
+    assert counts.osft_targets == 7 * 4
+    trainable_factors = 0
+    for target in method.targets.values():
+        shapes = part_shapes(target.rows, target.cols, target.frozen)
+        trainable_factors += sum(math.prod(shapes[n]) for n in ("U_low", "S_low", "V_low"))
+    non_targets = sum(
+        p.numel()
+        for n, p in wrapped.named_parameters()
+        if not n.rsplit(".", 1)[-1].endswith(
+            ("W_high", "_high", "_low_init", "U_low", "S_low", "V_low")
+        )
+    )
+    assert counts.trainable_params == trainable_factors + non_targets
+    assert counts.shard_osft_trainable == trainable_factors
+    assert counts.dense_params == meta(demo_model)[2].total_params
+
+
+def test_activation_trace_is_linear_in_tokens_and_checkpointing_keeps_layer_inputs(demo_model):
+    wrapped, _, _ = meta(demo_model)
+    small = activations.trace(wrapped, 256, torch.bfloat16, cuda=True)
+    large = activations.trace(wrapped, 512, torch.bfloat16, cuda=True)
+    assert large.saved(False) == 2 * small.saved(False)
+    hidden = 128
+    assert small.layer_input_bytes == 256 * hidden * 2  # bf16 hidden state
+    assert small.saved(True) < small.saved(False) / 4
+    assert next(wrapped.parameters()).dtype == torch.float32  # restored after the trace
+
+
+def test_plan_json_for_llama_8b_on_8_h100():
+    result = run_cli(
+        "plan",
+        "--model",
+        LLAMA_8B,
+        "--gpus-per-node",
+        "8",
+        "--gpu-memory-gib",
+        "80",
+        "--gpu",
+        "H100",
+        "--max-tokens-per-gpu",
+        "16384",
+        "--activation-checkpointing",
+        "--json",
+        check=True,
+    )
+    plan = json.loads(result.stdout)
+    gpu = plan["per_gpu"]
+    assert gpu["fits"] and gpu["peak_bytes"] < gpu["budget_bytes"]
+    assert gpu["largest_max_tokens_per_gpu"] > 16384
+    sources = {line["name"]: line["source"] for line in gpu["lines"]}
+    assert sources["activations of one packed row"] == "traced"
+    assert sources["parameter shard (fp32)"] == "counted"
+    assert plan["step_time_estimate"]["label"].startswith("estimate")
+
+
+def test_plan_table_says_when_70b_does_not_fit_and_the_largest_t():
+    cluster = Cluster(nodes=4, gpus_per_node=8, gpu_memory_gib=80, device="cuda")
+    plan = make_plan(str(LLAMA_70B), None, cluster, ["--max-tokens-per-gpu", "16384"])
+    gpu = plan["per_gpu"]
+    assert not gpu["fits"] and gpu["margin_bytes"] < 0
+    assert gpu["largest_max_tokens_per_gpu"] < 16384
+    smaller = make_plan(
+        str(LLAMA_70B),
+        None,
+        cluster,
+        ["--max-tokens-per-gpu", str(gpu["largest_max_tokens_per_gpu"])],
+    )
+    assert smaller["per_gpu"]["fits"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--max-tokens-per-gpu", "0"], "--max-tokens-per-gpu: must be at least 1"),
+        (["--max-tokens-per-gpu", "512", "--batch-size", "4"], "--batch-size: 4 samples"),
+        (["--max-tokens-per-gpu", "512", "--gpu", "Z9000"], "--gpu: unknown GPU name"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(flags, message):
+    result = run_cli(
+        "plan", "--model", LLAMA_8B, "--gpus-per-node", "8", "--gpu-memory-gib", "80", *flags
+    )
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_model_family_is_one_line(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-family"}))
+    result = run_cli(
+        "plan",
+        "--model",
+        tmp_path,
+        "--gpus-per-node",
+        "1",
+        "--gpu-memory-gib",
+        "80",
+        "--max-tokens-per-gpu",
+        "512",
+    )
+    assert result.returncode == 2
+    assert "unknown model family 'no-such-family'" in result.stderr
+    with pytest.raises(UserError):
+        load_config(tmp_path, "cuda")
+
+
+def _benchmark():
+    spec = importlib.util.spec_from_file_location("plan_bench", REPO_ROOT / "benchmarks/plan.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["demo-1r-T512", "demo-2r-T256-ac-osft"])
+def test_plan_peak_within_15_percent_of_a_measured_run(name, demo_dir, tmp_path):
+    bench = _benchmark()
+    kind, ranks, tokens, ac, osft = bench.CONFIGS[name]
+    model = demo_dir / "model"
+    data = bench.make_data(
+        tmp_path, json.loads((model / "config.json").read_text())["vocab_size"], 64
+    )
+    flags = bench.training_flags(model, ranks, tokens, ac, osft)
+    measured = bench.measure(model, data, flags, ranks, tmp_path, name)
+    predicted = bench.predict(model, ranks, flags)
+    assert abs(predicted["peak"] / measured["peak"] - 1) <= 0.15, (predicted, measured)
+
+
+def test_require_fit_prints_the_plan_then_exits_4():
+    result = run_cli("plan", "--model", LLAMA_70B, "--nodes", "2", "--gpus-per-node", "8",
+                     "--gpu-memory-gib", "80", "--max-tokens-per-gpu", "16384",
+                     "--activation-checkpointing", "--require-fit")  # fmt: skip
+    assert result.returncode == 4
+    assert "DOES NOT FIT" in result.stdout
+    assert "does not fit in 80.0 GiB" in result.stderr
