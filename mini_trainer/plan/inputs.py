@@ -36,9 +36,11 @@ class Cluster:
 
 
 def resolve_model_dir(model: str, revision: str | None) -> Path:
-    """The local folder holding `config.json`. The one call site for Hub ids (issue 20's
-    shared resolver goes here); today a local folder only."""
-    path = Path(model)
+    """The local folder holding `config.json`: a local folder, or a Hub id resolved (config and
+    tokenizer files only, never weights) into the Hugging Face cache."""
+    from mini_trainer.models.hub import resolve_model
+
+    path = resolve_model(model, revision or "main", weights=False, flag="--model").folder
     if not (path / "config.json").is_file():
         raise UserError(f"{model}: --model: no config.json in this folder")
     return path
