@@ -103,6 +103,10 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
         )
         if runtime.is_main:
             log.info("activation checkpointing: every decoder layer")
+    if getattr(args, "compile", False):  # evaluation's own setup has no such field
+        from mini_trainer.training.compile import compile_layers
+
+        compile_layers(decoder_layers(model), attention, runtime.is_cuda, runtime.is_main)
     wrapped = CausalLMWithLoss(model, loss_fn)
 
     if args.cpu_offload and not runtime.is_cuda:
