@@ -132,6 +132,7 @@ class TrainingArgs:
     )
     keep_states: int = _arg(2, "Keep only the newest N state folders.", minimum=1)
     activation_checkpointing: bool = _arg(False, "Recompute activations in backward.")
+    compile: bool = _arg(False, "torch.compile each decoder layer (docs/training.md).")
     cpu_offload: bool = _arg(False, "FSDP2 CPU offload of parameters and gradients (CUDA).")
     defer_grad_sync: bool = _arg(
         False,

@@ -190,6 +190,11 @@ def trained_run(demo_dir, tmp_path_factory):
     return types.SimpleNamespace(out=out, flags=flags, steps=4, result=result)
 
 
+# Headless Chromium (installed with apt-get as root where missing) and the shared full pipeline
+# run, for the report page's browser test and the pipeline tests.
+from browser import chromium  # noqa: E402, F401
+from pipeline_runs import full_run  # noqa: E402, F401
+
 # The session's one-machine Slurm cluster (tests/slurm/, skipped where it cannot run), and the
 # reference training run its tests compare with.
 from slurm.common import slurm_reference_run  # noqa: E402, F401

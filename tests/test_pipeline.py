@@ -417,11 +417,8 @@ def _full_config() -> dict:
     )
 
 
-@pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    workdir = make_workdir(tmp_path_factory.mktemp("full"), _full_config())
-    check(snakemake(workdir, "--cores", "2"))
-    return workdir
+# `full_run` (tests/pipeline_runs.py, a session fixture): the run of _full_config() that the
+# tests below and tests/test_report.py's browser test share.
 
 
 @pytest.mark.slow

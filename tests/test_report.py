@@ -210,12 +210,58 @@ def test_report_package_never_imports_torch(tmp_path):
     assert result.stdout.strip() == "ok" and (tmp_path / "out" / "report.html").exists()
 
 
-def test_page_renders_in_headless_chromium(tmp_path):
-    """The screenshot script on the synthetic report: a real browser draws the page."""
-    import shutil
+# What a reader of the page sees, read in the browser after the page has loaded.
+READER_VIEW_JS = """(() => ({
+  images: [...document.images].map(i => ({src: i.getAttribute("src"), complete: i.complete,
+    width: i.naturalWidth, height: i.naturalHeight, shown: i.offsetWidth})),
+  summary: [...document.querySelectorAll("#summary tbody tr")].map(
+    tr => [...tr.cells].map(c => c.textContent.trim())),
+  sections: [...document.querySelectorAll("section h2")].map(h => h.textContent.trim()),
+  frontier: [...document.querySelectorAll("#frontier img")].map(i => i.getAttribute("src")),
+  matrices: [...document.querySelectorAll("#matrices img")].map(i => i.getAttribute("src")),
+  missing: document.querySelectorAll("td.missing").length,
+}))()"""
 
-    if not (shutil.which("chromium") or shutil.which("chromium-browser")):
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+
+@pytest.mark.slow
+def test_pipeline_report_as_a_reader_sees_it_in_chromium(chromium, full_run, tmp_path):
+    """The full demo run's report.html in headless Chromium: every image drawn, one AA/BWT row
+    per method and learning rate, the frontier and both matrices, no console or load error."""
+    from browser import view_page
+
+    shot = tmp_path / "report.png"
+    seen = view_page(chromium, full_run / "results/report/report.html", READER_VIEW_JS, shot)
+    view = seen.result
+    assert seen.problems == [], seen.problems
+    sources = sorted(image["src"] for image in view["images"])
+    assert sources == ["frontier.png", "matrix_osft_lr0.03.png", "matrix_sft_lr0.01.png",
+                       "throughput.png", "training_loss_lr.png"]  # fmt: skip
+    for image in view["images"]:
+        assert image["complete"] and image["width"] > 100 and image["height"] > 100, image
+        assert image["shown"] > 100, image  # laid out on the page, not hidden
+    rows = {(row[0], row[1]): row[2:] for row in view["summary"]}
+    assert sorted(rows) == [("osft", "0.03"), ("sft", "0.01")], view["summary"]
+    for method_lr, (last_stage, aa, bwt, *_) in rows.items():
+        assert last_stage == "2", method_lr
+        assert re.fullmatch(r"\d+\.\d%", aa) and re.fullmatch(r"[+-]\d+\.\d pt", bwt), rows
+    assert view["sections"][:3] == [
+        "Average accuracy (AA) and backward transfer (BWT)",
+        "Frontier: retained accuracy vs. newest-task accuracy",
+        "Accuracy matrices",
+    ], view["sections"]
+    assert view["frontier"] == ["frontier.png"]
+    assert sorted(view["matrices"]) == ["matrix_osft_lr0.03.png", "matrix_sft_lr0.01.png"]
+    assert view["missing"] == 0
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)  # the whole page, drawn
+    assert pixels.shape[1] == 1280 and pixels.shape[0] > 2000, pixels.shape
+    colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
+    assert len(colours) > 200, len(colours)
+
+
+def test_screenshot_script_draws_the_page(chromium, tmp_path):
+    """scripts/screenshot_report.sh (how docs/ pictures are made) on the synthetic report."""
     manifest = write_experiment(tmp_path)
     assert run_cli("report", "--out", tmp_path / "out", "--manifest", manifest).returncode == 0
     shot = tmp_path / "shot.png"

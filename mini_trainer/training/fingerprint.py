@@ -57,6 +57,7 @@ MAY_CHANGE_ON_RESUME = (
     "activation_checkpointing",
     "cpu_offload",
     "use_liger_kernels",
+    "compile",  # the same computation, compiled (tested equal to eager)
 )
 """Options that may differ between a state and the run that resumes it (docs/training.md)."""
 

@@ -129,6 +129,10 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
         log.info("attention implementation: %s", attention)
 
     wrapped = meta_model(config, args, loss_fn, method, log_main=runtime.is_main)
+    if getattr(args, "compile", False):  # evaluation's own setup has no such field
+        from mini_trainer.training.compile import compile_layers
+
+        compile_layers(decoder_layers(wrapped.model), attention, runtime.is_cuda, runtime.is_main)
     if args.cpu_offload and not runtime.is_cuda:
         raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")
     shard_kwargs = shard_policy(runtime.is_cuda, args.cpu_offload)

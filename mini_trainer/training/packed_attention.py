@@ -48,24 +48,31 @@ def packed_sdpa_attention(
     known_bounds = kwargs.get("packed_bounds")  # computed once per forward by the caller
     window = kwargs.get("sliding_window")  # a layer with local attention (Mistral, Gemma)
     rows = []
-    for row in range(query.shape[0]):
+    for row, (q_row, k_row, v_row) in enumerate(
+        zip(query.split(1), key.split(1), value.split(1), strict=True)
+    ):
         bounds = known_bounds[row] if known_bounds else segment_bounds(position_ids[row])
+        sizes = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
+        # split, not one slice per sample: a slice's backward writes its gradient into a
+        # zero-filled tensor of the whole row, so n samples cost n row-sized fills and adds per
+        # layer; split's backward is one concatenation.
         pieces = []
-        for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        for q, k, v in zip(q_row.split(sizes, 2), k_row.split(sizes, 2), v_row.split(sizes, 2),
+                           strict=True):  # fmt: skip
             # Causal, and within the window if the sample is longer than it (as transformers'
             # mask: query i sees keys j with i - window < j <= i).
-            band = _window_mask(end - start, window, query.device)
+            band = _window_mask(q.shape[2], window, query.device)
             pieces.append(
                 F.scaled_dot_product_attention(
-                    query[row : row + 1, :, start:end],
-                    key[row : row + 1, :, start:end],
-                    value[row : row + 1, :, start:end],
+                    q,
+                    k,
+                    v,
                     attn_mask=band,
                     dropout_p=dropout_p,
                     is_causal=band is None,
                     scale=scaling,
                     enable_gqa=gqa,
-                )
+                )  # fmt: skip
             )
         rows.append(torch.cat(pieces, dim=2) if len(pieces) > 1 else pieces[0])
     output = torch.cat(rows, dim=0) if len(rows) > 1 else rows[0]

@@ -1,0 +1,117 @@
+"""`--compile`: compiled decoder layers compute what eager ones do, resume exactly, recompile
+rarely, and a machine that cannot compile stops the run with one line (never a silent eager run).
+
+Compiling on the shared 2-core machine takes minutes: the runs here are 2-4 steps of the demo
+model, and later compiled runs reuse inductor's on-disk cache of the first one's kernels.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import (
+    REPO_ROOT,
+    base_flags,
+    read_metrics,
+    run_torchrun,
+    subprocess_env,
+    torchrun_command,
+)
+from safetensors.torch import load_file
+
+
+def test_a_missing_cxx_compiler_is_named(monkeypatch):
+    from torch._inductor import config
+
+    from mini_trainer.training.compile import compiler_missing
+
+    assert compiler_missing(is_cuda=False) is None  # g++ here
+    monkeypatch.setattr(config.cpp, "cxx", (None, "/nonexistent/c++"))
+    reason = compiler_missing(is_cuda=False)
+    assert reason and "no usable C++ compiler" in reason and "/nonexistent/c++" in reason
+    assert compiler_missing(is_cuda=True) is None  # CUDA kernels need no C++ compiler
+
+
+@pytest.mark.slow
+def test_compile_without_a_compiler_stops_with_one_line(demo_dir, tmp_path):
+    out = tmp_path / "run"
+    flags = base_flags(demo_dir, out, **{"training-mode": "step", "max-steps": 1, "compile": True})
+    result = subprocess.run(
+        [sys.executable, "-m", "mini_trainer.train", *flags], capture_output=True, text=True,
+        env=subprocess_env(CXX="/nonexistent/c++"), cwd=REPO_ROOT, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if "--compile" in line]
+    assert len(errors) == 1 and "cannot build kernels" in errors[0], result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not (out / "metrics.jsonl").exists() or not read_metrics(out)  # no eager step ran
+
+
+def compilations(stderr: str) -> int:
+    """The last count the compiled layers logged (0 when nothing was compiled)."""
+    counts = re.findall(r"compile: (\d+) compilations, (\d+) graphs so far", stderr)
+    return int(counts[-1][0]) if counts else 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)  # a cold compile alone takes minutes on the shared 2 cores
+def test_compiled_steps_equal_eager_with_osft_and_checkpointing(demo_dir, tmp_path):
+    """2 ranks, FSDP2, OSFT's factorized layers, activation checkpointing, chunked loss and
+    the per-sample packed attention: step 1's loss and grad norm equal eager to 1e-5."""
+    flags = {"training-mode": "step", "max-steps": 2, "osft": True,
+             "osft-unfreeze-rank-ratio": 0.5, "activation-checkpointing": True}  # fmt: skip
+    run_torchrun(*base_flags(demo_dir, tmp_path / "eager", **flags))
+    compiled = run_torchrun(*base_flags(demo_dir, tmp_path / "compiled", **flags, compile=True))
+    assert "compile: 4 decoder layers" in compiled.stderr
+    assert compilations(compiled.stderr) > 0  # it did compile, and said so
+    eager, fast = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled")
+    assert fast[0]["num_loss_tokens"] == eager[0]["num_loss_tokens"]
+    assert fast[0]["loss"] == pytest.approx(eager[0]["loss"], rel=1e-5)
+    assert fast[0]["grad_norm"] == pytest.approx(eager[0]["grad_norm"], rel=1e-5)
+    assert fast[1]["loss"] == pytest.approx(eager[1]["loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_compiled_resume_after_sigkill_matches_uninterrupted_compiled_run(demo_dir, tmp_path):
+    flags = {"training-mode": "step", "max-steps": 6, "save-every-steps": 2,
+             "save-final-checkpoint": True, "compile": True}  # fmt: skip
+    straight = run_torchrun(*base_flags(demo_dir, tmp_path / "straight", **flags))
+    # Steps of many lengths; something new is compiled on the first two rows only (the second
+    # makes the graphs after the attention break dynamic), never once per length.
+    lengths = {row["num_tokens"] for row in read_metrics(tmp_path / "straight")}
+    assert len(lengths) >= 4
+    news = re.findall(r"compile: \d+ compilations", straight.stderr)
+    assert 1 <= len(news) <= 2 and compilations(straight.stderr) > 0, straight.stderr[-3000:]
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(
+        torchrun_command(*base_flags(demo_dir, killed, **flags)), env=subprocess_env(),
+        cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    deadline = time.monotonic() + 900
+    while not (killed / "state" / "step_2").exists():
+        assert process.poll() is None, "the run ended before saving step 2"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    victims = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
+    for victim in victims:
+        victim.kill()
+    psutil.wait_procs(victims, timeout=60)
+    process.wait()
+    assert not (killed / "final").exists(), "the run finished before it was killed"
+
+    resumed = run_torchrun(*base_flags(demo_dir, killed, **flags, resume=True))
+    assert "resumed from" in resumed.stderr
+    assert [row["step"] for row in read_metrics(killed)] == list(range(1, 7))
+    a = load_file(killed / "final" / "model.safetensors")
+    b = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert (a[key] - b[key]).abs().max().item() <= 1e-6 * max(b[key].abs().max().item(), 1e-12)
