@@ -325,9 +325,12 @@ def resolve_model(model: str, model_revision: str, out: Path | None) -> None:
     """
     import json
 
+    from mini_trainer.data.outputs import check_writable
     from mini_trainer.io_utils import atomic_write_text
     from mini_trainer.models.hub import resolve_model as resolve
 
+    if out is not None:  # before any download
+        check_writable(out.parent, "--out")
     resolved = resolve(model, model_revision)
     commit = f" (commit {resolved.commit})" if resolved.commit else ""
     click.echo(f"{model}: {resolved.folder}{commit}")

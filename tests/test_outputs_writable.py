@@ -12,7 +12,7 @@ from conftest import base_flags, run_cli
 
 SUBCOMMANDS = [
     "demo-assets", "validate", "tokenize", "osft-svd", "train", "launch", "evaluate", "report",
-    "manifest",
+    "manifest", "resolve-model", "split-validation",
 ]  # fmt: skip
 
 
@@ -48,6 +48,9 @@ def _command(subcommand, demo_dir, tmp_path, ro):
         "evaluate": ["--model", model, "--data", data, "--out", ro / "e.json"],
         "report": ["--out", ro / "report", data],
         "manifest": ["--out", ro / "m.json", "--task", "sort"],
+        "resolve-model": ["--model", model, "--out", ro / "model.json"],
+        "split-validation": [data, "--fraction", 0.1, "--out-train", ro / "t.jsonl",
+                             "--out-validation", ro / "v.jsonl"],
     }[subcommand]  # fmt: skip
 
 
