@@ -3,7 +3,9 @@
 # so the layout below is the one place to read (config/README.md describes it for users).
 #
 #   resources/demo/{model,data}                      demo_assets (model: demo only)
-#   results/data/{task}.train.{index.parquet,summary.json}            validate
+#   results/data/tokenized/{task}.{split}.jsonl     tokenize (tasks with format: chat)
+#   results/data/mix/{name}.{jsonl,mix.json}         mix (stage mixtures, replay)
+#   results/data/{task | mix/name}.train.{index.parquet,summary.json}  validate
 #   results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
 #   results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
 #       final/                                       ... its only declared output
@@ -19,6 +21,8 @@ import shlex
 import sys
 
 from snakemake.exceptions import WorkflowError
+
+from mini_trainer.data import pipeline_data
 
 try:
     from snakemake_interface_executor_plugins.settings import DeploymentMethod
@@ -62,6 +66,10 @@ class ConfigError(WorkflowError):
 
 
 def _check_config():
+    try:
+        pipeline_data.check_data_config(config, DEMO_TASKS)
+    except pipeline_data.DataConfigError as error:
+        raise ConfigError(error.key, error.reason) from None
     is_demo = config["model"] == "demo"
     for i, task in enumerate(config["stages"]):
         if task not in config["tasks"] and not (is_demo and task in DEMO_TASKS):
@@ -132,10 +140,52 @@ def base_model():
 
 
 def task_file(task, split):
-    """The pre-tokenized JSONL of `task`'s `split` (train or eval)."""
+    """The pre-tokenized JSONL of `task`'s `split` (train or eval): a chat task's is the
+    `tokenize` rule's output."""
     if task in config["tasks"]:
+        if pipeline_data.task_format(config, task) == "chat":
+            return f"results/data/tokenized/{task}.{split}.jsonl"
         return config["tasks"][task][split]
     return f"{DEMO_DIR}/data/{task}.{split}.jsonl"
+
+
+def chat_file(task, split):
+    """The chat JSONL a `format: chat` task gives for `split`."""
+    return config["tasks"][task][split]
+
+
+def stage_dataset(method, stage):
+    """What (method, stage) trains on: the stage's task, or a mixture (`mix/...`)."""
+    return pipeline_data.mix_name(config, method, stage) or config["stages"][stage - 1]
+
+
+def train_file(dataset):
+    """The training JSONL of a dataset: a task's file or a `mix` rule's output."""
+    if dataset.startswith(pipeline_data.MIX_PREFIX):
+        return f"results/data/{dataset}.jsonl"
+    return task_file(dataset, "train")
+
+
+def mix_sidecar(dataset):
+    return f"results/data/{dataset}.mix.json"
+
+
+def mix_flags(wc):
+    """`--input FILE WEIGHT ... --replay FILE FRACTION ...` of the mixture `mix/{wc.name}`."""
+    try:
+        inputs = pipeline_data.mix_inputs_of_name(config, f"mix/{wc.name}")
+    except ValueError as error:
+        raise WorkflowError(str(error)) from None
+    flags = {"weight": "--input", "replay": "--replay"}
+    return " ".join(
+        f"{flags[kind]} {shlex.quote(task_file(name, 'train'))} {value!r}"
+        for name, kind, value in inputs
+    )
+
+
+def mix_input_files(wc):
+    inputs = pipeline_data.mix_inputs_of_name(config, f"mix/{wc.name}")
+    return [task_file(name, "train") for name, _, _ in inputs]
 
 
 def data_index(task):
@@ -199,11 +249,12 @@ def start_model(method, lr, stage):
 def training_options(method, lr, stage):
     """Every flag of (method, lr, stage)'s training job, except the output folder."""
     task = config["stages"][stage - 1]
+    dataset = stage_dataset(method, stage)
     options = method_options(method)
     options.update(
         model_name_or_path=start_model(method, lr, stage),
-        data_path=task_file(task, "train"),
-        data_index=data_index(task),
+        data_path=train_file(dataset),
+        data_index=data_index(dataset),
         learning_rate=lr_value(method, lr),
         save_final_checkpoint=True,
     )
@@ -346,11 +397,11 @@ def train_inputs(wc):
             f"results/train/{wc.method}/lr{wc.lr}/stage{stage}/{wc.key}: no longer matches the "
             f"config (its run key is now {run_key(wc.method, wc.lr, stage)})"
         )
-    task = config["stages"][stage - 1]
+    dataset = stage_dataset(wc.method, stage)
     inputs = {
         "model": start_model(wc.method, wc.lr, stage),
-        "data": task_file(task, "train"),
-        "index": data_index(task),
+        "data": train_file(dataset),
+        "index": data_index(dataset),
     }
     if method_options(wc.method).get("osft"):
         inputs["svd"] = svd_dir(wc.method, wc.lr, stage)

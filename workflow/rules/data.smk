@@ -1,4 +1,5 @@
-# Data: the embedded demo (model: demo) and the checks of every training file.
+# Data: the embedded demo (model: demo), chat tasks tokenized, stage mixtures and replay, and
+# the checks of every training file.
 
 
 rule demo_assets:
@@ -27,10 +28,67 @@ rule demo_assets:
         " --out {params.out} --seed {params.seed} --force > {log} 2>&1"
 
 
-rule validate:
-    """Check every line of a task's training file and write the lengths index training reads."""
+rule tokenize:
+    """A `format: chat` task's chat JSONL, tokenized with the model's chat template.
+
+    No length cap here: validate applies `data.on_long` to the result, so its summary (and the
+    report) counts what was dropped, and line N of the output is line N of the chat file.
+    """
     input:
-        data=lambda wc: task_file(wc.task, "train"),
+        chat=lambda wc: chat_file(wc.task, wc.split),
+        model=base_model(),
+    output:
+        "results/data/tokenized/{task}.{split}.jsonl",
+    wildcard_constraints:
+        split="train|eval",
+    log:
+        "logs/tokenize/{task}.{split}.log",
+    benchmark:
+        "results/benchmarks/tokenize/{task}.{split}.tsv"
+    threads: 1
+    resources:
+        mem_mb=rule_resource("tokenize", "mem_mb"),
+        runtime=rule_resource("tokenize", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer tokenize {input.chat:q} --model {input.model:q}'
+        " --out {output:q} --force > {log} 2>&1"
+
+
+rule mix:
+    """A stage's training mixture (`mixtures:`) and/or a replay method's share of the earlier
+    stages' samples, as one file (see docs/data.md for how samples are chosen)."""
+    input:
+        mix_input_files,
+    output:
+        data="results/data/mix/{name}.jsonl",
+        sidecar="results/data/mix/{name}.mix.json",
+    wildcard_constraints:
+        name=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    params:
+        flags=mix_flags,
+        seed=config["data"]["seed"],
+    log:
+        "logs/mix/{name}.log",
+    benchmark:
+        "results/benchmarks/mix/{name}.tsv"
+    threads: 1
+    resources:
+        mem_mb=rule_resource("mix", "mem_mb"),
+        runtime=rule_resource("mix", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer mix {params.flags} --seed {params.seed}'
+        " --out {output.data:q} --out-sidecar {output.sidecar:q} --force > {log} 2>&1"
+
+
+rule validate:
+    """Check every line of a training file (a task's or a mixture's) and write the lengths
+    index training reads."""
+    input:
+        data=lambda wc: train_file(wc.task),
         model=base_model(),
     output:
         index=data_index("{task}"),
@@ -40,6 +98,8 @@ rule validate:
             category="Data",
             labels={"task": "{task}"},
         ),
+    wildcard_constraints:
+        task=r"(mix/)?[A-Za-z0-9][A-Za-z0-9_.-]*",
     params:
         max_tokens_per_gpu=config["training"]["max_tokens_per_gpu"],
         on_long=config["data"]["on_long"],
