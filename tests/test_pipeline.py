@@ -462,6 +462,7 @@ def test_full_run_report_has_every_cell(full_run):
         assert (full_run / f"results/report/matrix_{method}_lr{lr}.png").stat().st_size > 0
     runs = [e for e in manifest["entries"] if e["kind"] == "run"]
     assert len(runs) == 6 and all((full_run / e["path"] / "metrics.jsonl").exists() for e in runs)
+    assert "Not on the plot" not in html  # every (method, lr) is a point of the frontier
     # The chat task's row in the data section: every conversation kept (none is too long).
     assert re.search(
         rf"<tr><td>{CHAT_TASK}</td><td class=\"num\">{CHAT_SAMPLES['train']}</td>", html

@@ -149,6 +149,19 @@ def task_file(task, split):
     return f"{DEMO_DIR}/data/{task}.{split}.jsonl"
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json", "tokenizer.model")
+
+
+def tokenizer_files():
+    """The base model's tokenizer files, so editing one in place reruns tokenization. (Not for
+    the demo: its model folder is a rule's output, whose files Snakemake cannot list.)"""
+    model = base_model()
+    if config["model"] == "demo" or not os.path.isdir(model):
+        return []
+    return [f"{model}/{name}" for name in TOKENIZER_FILES if os.path.isfile(f"{model}/{name}")]
+
+
 def chat_file(task, split):
     """The chat JSONL a `format: chat` task gives for `split`."""
     return config["tasks"][task][split]

@@ -37,6 +37,7 @@ rule tokenize:
     input:
         chat=lambda wc: chat_file(wc.task, wc.split),
         model=base_model(),
+        tokenizer=tokenizer_files(),
     output:
         "results/data/tokenized/{task}.{split}.jsonl",
     wildcard_constraints:
