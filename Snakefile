@@ -7,7 +7,14 @@
 
 from snakemake.utils import min_version, validate
 
+from mini_trainer.pipeline import check_yaml_syntax, exit_on_config_error
+
 min_version("9.0")
+
+
+# Snakemake's own YAML error names neither the file nor the line: read the file first.
+with exit_on_config_error():
+    check_yaml_syntax("config/config.yaml")
 
 
 configfile: "config/config.yaml"

@@ -36,7 +36,12 @@ OSFT_RANK_MODES = ("uniform", "adaptive")
 
 
 def _arg(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:
-    """A dataclass field whose help text becomes the CLI flag's help."""
+    """A dataclass field whose help text becomes the CLI flag's help.
+
+    Other metadata: `nargs`; `choices` and the bounds `minimum`, `maximum`, `exclusive_minimum`,
+    `exclusive_maximum`, which the pipeline's config schema is generated from
+    (`python -m mini_trainer.pipeline.schema --write`) and a test checks `_problems` enforces.
+    """
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
     return field(default=default, metadata={"help": help, **kwargs})
@@ -49,12 +54,14 @@ class TrainingArgs:
     model_name_or_path: str = _arg(help="Hugging Face model folder to fine-tune.")
     data_path: str = _arg(help="Pre-tokenized JSONL (input_ids, labels[, len]).")
     output_dir: str = _arg(help="Where checkpoints, state and metrics go.")
-    batch_size: int = _arg(32, "Samples per optimizer step, over all ranks.")
-    max_tokens_per_gpu: int = _arg(8192, "Token cap per rank per micro-batch.")
-    learning_rate: float = _arg(1e-5, "Peak learning rate.")
-    num_warmup_steps: int = _arg(0, "Linear warm-up steps of the scheduler.")
-    lr_scheduler: str = _arg("constant_with_warmup", f"One of: {', '.join(SCHEDULERS)}.")
-    seed: int = _arg(42, "Seeds the sample order, and every rank's RNGs.")
+    batch_size: int = _arg(32, "Samples per optimizer step, over all ranks.", minimum=1)
+    max_tokens_per_gpu: int = _arg(8192, "Token cap per rank per micro-batch.", minimum=1)
+    learning_rate: float = _arg(1e-5, "Peak learning rate.", minimum=0)
+    num_warmup_steps: int = _arg(0, "Linear warm-up steps of the scheduler.", minimum=0)
+    lr_scheduler: str = _arg(
+        "constant_with_warmup", f"One of: {', '.join(SCHEDULERS)}.", choices=SCHEDULERS
+    )
+    seed: int = _arg(42, "Seeds the sample order, and every rank's RNGs.", minimum=0)
     use_liger_kernels: bool = _arg(False, "Liger fused linear cross-entropy (CUDA only).")
     osft: bool = _arg(
         False,
@@ -66,6 +73,8 @@ class TrainingArgs:
         "OSFT: share of each targeted weight's rank that trains, 0.0 (none: the weight is "
         "frozen) to 1.0 (all: plain training); required with --osft in uniform rank mode, "
         "ignored in adaptive mode.",
+        minimum=0,
+        maximum=1,
     )
     osft_target_patterns: list[str] | None = _arg(
         None,
@@ -73,15 +82,19 @@ class TrainingArgs:
         "gate/up/down projections, or the model family's names for them).",
         nargs="+",
     )
-    max_epochs: int = _arg(1, "Epochs to train (training mode epoch).")
+    max_epochs: int = _arg(1, "Epochs to train (training mode epoch).", minimum=1)
     max_steps: int | None = _arg(
-        None, "Optimizer steps to train (training mode step); in other modes, a cap."
+        None, "Optimizer steps to train (training mode step); in other modes, a cap.", minimum=1
     )
-    max_tokens: int | None = _arg(None, "Loss tokens to train on (training mode token).")
-    training_mode: str = _arg("epoch", f"When to stop: {', '.join(TRAINING_MODES)}.")
+    max_tokens: int | None = _arg(None, "Loss tokens to train on (training mode token).", minimum=1)
+    training_mode: str = _arg(
+        "epoch", f"When to stop: {', '.join(TRAINING_MODES)}.", choices=TRAINING_MODES
+    )
     checkpoint_at_epoch: bool = _arg(False, "Write hf_format/samples_<N>/ after every epoch.")
     min_samples_per_checkpoint: int | None = _arg(
-        None, "Write hf_format/samples_<N>/ each time this many more samples have been seen."
+        None,
+        "Write hf_format/samples_<N>/ each time this many more samples have been seen.",
+        minimum=1,
     )
     save_final_checkpoint: bool = _arg(
         False,
@@ -95,8 +108,10 @@ class TrainingArgs:
         None, "Lengths index from `mini-trainer validate`; built (same checks) when omitted."
     )
     resume: bool = _arg(False, "Continue from the newest complete state/step_<K>/.")
-    save_every_steps: int | None = _arg(None, "Write state/step_<K>/ every K optimizer steps.")
-    keep_states: int = _arg(2, "Keep only the newest N state folders.")
+    save_every_steps: int | None = _arg(
+        None, "Write state/step_<K>/ every K optimizer steps.", minimum=1
+    )
+    keep_states: int = _arg(2, "Keep only the newest N state folders.", minimum=1)
     activation_checkpointing: bool = _arg(False, "Recompute activations in backward.")
     cpu_offload: bool = _arg(False, "FSDP2 CPU offload of parameters and gradients (CUDA).")
     defer_grad_sync: bool = _arg(
@@ -105,12 +120,14 @@ class TrainingArgs:
         "every micro-batch: fewer collectives, but every rank holds the whole model's "
         "gradients unsharded (fp32) between micro-batches.",
     )
-    save_dtype: str = _arg("bfloat16", f"Dtype of exported weights: {', '.join(SAVE_DTYPES)}.")
-    beta1: float = _arg(0.9, "AdamW beta1.")
-    beta2: float = _arg(0.95, "AdamW beta2.")
-    eps: float = _arg(1e-8, "AdamW epsilon.")
-    weight_decay: float = _arg(0.0, "AdamW decoupled weight decay.")
-    grad_clip: float = _arg(1.0, "Clip the global gradient norm to this (0 disables).")
+    save_dtype: str = _arg(
+        "bfloat16", f"Dtype of exported weights: {', '.join(SAVE_DTYPES)}.", choices=SAVE_DTYPES
+    )
+    beta1: float = _arg(0.9, "AdamW beta1.", minimum=0, exclusive_maximum=1)
+    beta2: float = _arg(0.95, "AdamW beta2.", minimum=0, exclusive_maximum=1)
+    eps: float = _arg(1e-8, "AdamW epsilon.", exclusive_minimum=0)
+    weight_decay: float = _arg(0.0, "AdamW decoupled weight decay.", minimum=0)
+    grad_clip: float = _arg(1.0, "Clip the global gradient norm to this (0 disables).", minimum=0)
     osft_svd_cache: str | None = _arg(
         None,
         "OSFT: folder written by `mini-trainer osft-svd` (checked, then used instead of "
@@ -123,12 +140,19 @@ class TrainingArgs:
         "uniform",
         f"OSFT: {' or '.join(OSFT_RANK_MODES)}; adaptive freezes more of the layers whose "
         "output is most similar to their input.",
+        choices=OSFT_RANK_MODES,
     )
     osft_min_frozen_ratio: float = _arg(
-        0.1, "OSFT adaptive: frozen share of the least similar layer (importance 0)."
+        0.1,
+        "OSFT adaptive: frozen share of the least similar layer (importance 0).",
+        minimum=0,
+        maximum=1,
     )
     osft_max_frozen_ratio: float = _arg(
-        0.8, "OSFT adaptive: frozen share of a layer whose output equals its input."
+        0.8,
+        "OSFT adaptive: frozen share of a layer whose output equals its input.",
+        minimum=0,
+        maximum=1,
     )
 
     def __post_init__(self) -> None:

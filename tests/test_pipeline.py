@@ -234,10 +234,40 @@ def test_config_keys_cover_the_training_flags():
 
 def test_demo_tasks_match_the_package():
     from mini_trainer.demo.tasks import TASKS
+    from mini_trainer.pipeline import DEMO_TASKS
 
-    common = (REPO_ROOT / "workflow/rules/common.smk").read_text()
-    listed = re.search(r"^DEMO_TASKS = (\[.*\])$", common, re.MULTILINE).group(1)
-    assert json.loads(listed) == list(TASKS)
+    assert list(TASKS) == DEMO_TASKS
+
+
+def test_config_yaml_syntax_error_names_file_and_line(tmp_path):
+    """Snakemake's own message names neither; the Snakefile reads the file first."""
+    workdir = make_workdir(tmp_path / "w")
+    config = workdir / "config/config.yaml"
+    lines = config.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("training:"))
+    lines.insert(at + 1, "  batch_size: 32: 4")  # line at + 2
+    config.write_text("\n".join(lines) + "\n")
+    result = snakemake(workdir, "-n", timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("Using ")]
+    assert len(errors) == 1, result.stderr
+    assert errors[0].startswith(f"config/config.yaml:{at + 2}: YAML syntax error: "), errors
+    assert not (workdir / "results").exists()
+
+
+def test_warmup_longer_than_max_steps_fails_at_config_check(tmp_path):
+    """The engine's cross-option rules are the pipeline's: one line, before any job."""
+    config = demo_config()
+    config["training"]["num_warmup_steps"] = 30  # max_steps: 24
+    workdir = make_workdir(tmp_path / "w", config)
+    result = snakemake(workdir, "-n", timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("Using ")]
+    assert errors == [
+        "config: training.num_warmup_steps (method sft): 30 is more than max_steps 24 "
+        "(the learning rate would never reach its peak)"
+    ]
+    assert not (workdir / "results").exists()
 
 
 def test_run_key_follows_the_options(tmp_path):

@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from mini_trainer.data.pipeline_data import (
+from mini_trainer.pipeline.data import (
     DataConfigError,
     check_data_config,
     mix_inputs,

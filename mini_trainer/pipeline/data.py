@@ -1,8 +1,9 @@
 """What each pipeline training job trains on: a task's file, a chat file tokenized in the DAG,
 a stage mixture, or a replay mixture, and the config checks these keys need.
 
-Pure functions of the config dict (no Snakemake import), so the rules in workflow/rules/ stay
-thin and the decisions are unit-tested. Config keys (config/README.md):
+Pure functions of the config dict, so the decisions are unit-tested (tests/test_pipeline_data.py);
+`layout` turns them into paths and `checks.check_config` reports `DataConfigError` as a
+`ConfigError`. Config keys (config/README.md):
 
 - `tasks.<t>.format`: `tokenized` (default) or `chat` (tokenized by the `tokenize` rule).
 - `mixtures.<stage task>`: dataset name -> weight; the stage trains on that mixture

@@ -1,0 +1,156 @@
+"""Config checks the schema cannot make, run before any job: names that must refer to each other,
+and each method's options checked by the engine's own `TrainingArgs`, so the pipeline refuses
+exactly what a training job would refuse, but at once and naming the method and key.
+
+Also a YAML reader whose syntax errors name the file and line (Snakemake's own says neither).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mini_trainer.errors import UserError
+from mini_trainer.pipeline.data import DataConfigError, check_data_config
+from mini_trainer.pipeline.layout import (
+    DEMO_TASKS,
+    Config,
+    PipelineError,
+    lr_str,
+    run_dir,
+    training_options,
+)
+from mini_trainer.training_args import TrainingArgs
+
+
+class ConfigError(PipelineError):
+    """A config problem, as one line: `config: KEY: reason` (or `FILE:LINE: reason`)."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.line = f"{key}: {reason}"
+
+    def __str__(self) -> str:
+        return self.line
+
+
+def read_config_file(path: str | Path) -> Any:
+    """The YAML (or JSON) in `path`; a syntax error is `ConfigError("FILE:LINE", problem)`."""
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        problem = error.problem or error.context or "not valid YAML"
+        column = f" (column {mark.column + 1})" if mark else ""
+        raise ConfigError(where, f"YAML syntax error: {problem}{column}") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(str(path), f"YAML error: {error}") from None
+
+
+def check_yaml_syntax(path: str | Path) -> None:
+    """Read `path` if it exists, for its FILE:LINE syntax error (see `read_config_file`)."""
+    if Path(path).is_file():
+        read_config_file(path)
+
+
+@contextlib.contextmanager
+def exit_on_config_error() -> Iterator[None]:
+    """A `ConfigError` in the block ends the process: its one line on stderr, exit status 2.
+
+    Raised through Snakemake, it would print as a `WorkflowError` naming the Snakefile's line
+    instead, on two lines.
+    """
+    try:
+        yield
+    except ConfigError as error:
+        print(error, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def check_config(config: Config) -> None:
+    """Raise `ConfigError` for the first cross-key problem of a schema-validated config."""
+    _check_stages(config)
+    try:
+        check_data_config(config, DEMO_TASKS)
+    except DataConfigError as error:
+        raise ConfigError(f"config: {error.key}", error.reason) from None
+    shared_cap = config["training"].get("max_tokens_per_gpu")
+    if shared_cap is None:
+        raise ConfigError(
+            "config: training.max_tokens_per_gpu", "required (the data is validated against it)"
+        )
+    for name, method in config["methods"].items():
+        options = method.get("training", {})
+        cap = options.get("max_tokens_per_gpu", shared_cap)
+        if cap < shared_cap:
+            raise ConfigError(
+                f"config: methods.{name}.training.max_tokens_per_gpu",
+                f"{cap} is below training.max_tokens_per_gpu ({shared_cap}), the cap the data "
+                "is validated against; lower the shared value instead",
+            )
+        reprs = [lr_str(lr) for lr in method["learning_rates"]]
+        if len(set(reprs)) != len(reprs):
+            raise ConfigError(f"config: methods.{name}.learning_rates", "has the same rate twice")
+        for lr in reprs:
+            check_method_options(config, name, lr)
+
+
+def _check_stages(config: Config) -> None:
+    is_demo = config["model"] == "demo"
+    for i, task in enumerate(config["stages"]):
+        if task not in config["tasks"] and not (is_demo and task in DEMO_TASKS):
+            known = sorted(config["tasks"]) + (DEMO_TASKS if is_demo else [])
+            raise ConfigError(
+                f"config: stages[{i}]",
+                f"unknown task {task!r} (known: {', '.join(known) or 'none'}; "
+                "add it under `tasks:`)",
+            )
+
+
+def method_training_args(config: Config, method: str, lr: str) -> TrainingArgs:
+    """The `TrainingArgs` of (method, lr)'s first stage, as its job will build them."""
+    options = training_options(config, method, lr, 1)
+    return TrainingArgs(**options, output_dir=run_dir(config, method, lr, 1))
+
+
+def check_method_options(config: Config, method: str, lr: str) -> None:
+    """Build (method, lr)'s `TrainingArgs`: the engine's refusal becomes a `ConfigError` naming
+    the key where the method's value comes from (its own `training`, or the shared one)."""
+    try:
+        method_training_args(config, method, lr)
+    except UserError as error:
+        first = error.lines[0]
+        flag, _, reason = first.partition(": ")
+        key = flag.removeprefix("--").replace("-", "_")
+        reason = re.sub(r"--([a-z][a-z0-9-]*)", lambda m: m.group(1).replace("-", "_"), reason)
+        if key == "learning_rate":
+            where = f"config: methods.{method}.learning_rates"
+        elif key in config["training"] and key not in config["methods"][method].get("training", {}):
+            where = f"config: training.{key} (method {method})"
+        else:
+            where = f"config: methods.{method}.training.{key}"
+        raise ConfigError(where, reason) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mini_trainer.pipeline.checks FILE...`: each file's YAML syntax, FILE:LINE."""
+    status = 0
+    for path in sys.argv[1:] if argv is None else argv:
+        try:
+            read_config_file(path)
+        except (ConfigError, OSError) as error:
+            print(error, file=sys.stderr)
+            status = 2
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,148 @@
+"""How rules call the package: command-line flags, the manifest's entries, job resources.
+
+Pure functions of the config (see `layout`); the rule files only place their results.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from mini_trainer.pipeline.layout import (
+    Config,
+    PipelineError,
+    all_eval_jsons,
+    data_index,
+    data_summary,
+    eval_json,
+    eval_sources,
+    final_dir,
+    method_options,
+    mix_inputs,
+    parse_source,
+    run_dir,
+    run_key,
+    stage_dataset,
+    start_model,
+    svd_dir,
+    sweep,
+    train_file,
+)
+
+
+def cli_flags(options: dict[str, Any]) -> str:
+    """`{"batch_size": 8, "osft": True, "p": ["a", "b"]}` -> `--batch-size 8 --osft --p a b`."""
+    parts = []
+    for name, value in sorted(options.items()):
+        flag = f"--{name.replace('_', '-')}"
+        if value is None or value is False:
+            continue
+        if value is True:
+            parts.append(flag)
+        elif isinstance(value, list):
+            parts += [flag, *map(str, value)]
+        else:
+            parts += [flag, str(value)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def torchrun_launcher(config: Config) -> str:
+    """How a training job starts its processes: `mini-trainer launch` (docs/slurm.md).
+
+    Outside Slurm it is one standalone torchrun; in a Slurm job it starts one torchrun per node
+    through srun, with the rendezvous on the allocation's first host, so one rule serves 1 or N
+    nodes.
+    """
+    nproc = config["launch"]["nproc_per_node"]
+    return f'"$MINI_TRAINER_PYTHON" -m mini_trainer launch --nproc-per-node {nproc} --'
+
+
+def train_node_resources(config: Config) -> dict[str, Any]:
+    """Slurm resources of a training job: N nodes, one task (one torchrun) per node.
+
+    srun inside the job needs `mpi="srun"` for several tasks (the plugin refuses it for one);
+    GPUs are asked per node with gres, as the plugin's `gpu` would be per job.
+    """
+    nodes = config["launch"]["nodes"]
+    gpus = config["launch"]["gpus_per_node"]
+    resources: dict[str, Any] = {"nodes": nodes, "tasks": nodes}
+    if nodes > 1:
+        resources["mpi"] = "srun"
+    if gpus:
+        resources.update(gres=f"gpu:{gpus}", tasks_per_gpu=0)
+    return resources
+
+
+def train_threads(config: Config) -> int:
+    """CPU slots a training job takes: one per process on CPU, else the configured threads."""
+    configured = config["resources"].get("train", {}).get("threads")
+    return configured or config["launch"]["nproc_per_node"]
+
+
+def rule_threads(config: Config, rule: str, default: int = 1) -> int:
+    return config["resources"].get(rule, {}).get("threads", default)
+
+
+def rule_resource(config: Config, rule: str, name: str) -> Any:
+    return config["resources"][rule][name]
+
+
+def train_inputs(config: Config, method: str, lr: str, stage: int, key: str) -> dict[str, str]:
+    """Inputs of the train job whose output folder has run key `key`.
+
+    A folder of an older key (options changed since) is refused rather than trained: its key
+    would not describe what the job does.
+    """
+    current = run_key(config, method, lr, stage)
+    if key != current:
+        raise PipelineError(
+            f"results/train/{method}/lr{lr}/stage{stage}/{key}: no longer matches the "
+            f"config (its run key is now {current})"
+        )
+    dataset = stage_dataset(config, method, stage)
+    inputs = {
+        "model": start_model(config, method, lr, stage),
+        "data": train_file(config, dataset),
+        "index": data_index(dataset),
+    }
+    if method_options(config, method).get("osft"):
+        inputs["svd"] = svd_dir(config, method, lr, stage)
+    return inputs
+
+
+def mix_flags(config: Config, name: str) -> str:
+    """`--input FILE WEIGHT ... --replay FILE FRACTION ...` of the mixture `mix/{name}`."""
+    flags = {"weight": "--input", "replay": "--replay"}
+    return " ".join(
+        f"{flags[kind]} {shlex.quote(path)} {value}"
+        for path, kind, value in mix_inputs(config, name)
+    )
+
+
+def mix_input_files(config: Config, name: str) -> list[str]:
+    return [path for path, _, _ in mix_inputs(config, name)]
+
+
+def manifest_inputs(config: Config) -> dict[str, list[str]]:
+    return {
+        "evals": all_eval_jsons(config),
+        "runs": [final_dir(config, m, lr, s) for m, lr, s in sweep(config)],
+        "summaries": [data_summary(task) for task in config["stages"]],
+    }
+
+
+def manifest_flags(config: Config) -> str:
+    """The manifest's entries as `mini-trainer manifest` flags (see CONTRACTS: MANIFEST.json)."""
+    parts = [f"--task {shlex.quote(task)}" for task in config["stages"]]
+    for source in eval_sources(config):
+        parsed = parse_source(source)
+        method, lr, stage = parsed if parsed else ("-", "-", 0)
+        for task in config["stages"]:
+            fields = [eval_json(source, task), method, lr, str(stage), task]
+            parts.append(f"--eval {shlex.join(fields)}")
+    for method, lr, stage in sweep(config):
+        fields = [run_dir(config, method, lr, stage), method, lr, str(stage)]
+        parts.append(f"--run {shlex.join(fields)}")
+    for task in config["stages"]:
+        parts.append(f"--data-summary {shlex.quote(data_summary(task))} {shlex.quote(task)}")
+    return " ".join(parts)

@@ -1,0 +1,300 @@
+"""Where the pipeline's files are and how a training job is resolved: pure functions of the
+(schema-validated) config, so every path and run key can be unit-tested without Snakemake.
+
+    resources/demo/{model,data}                      demo_assets (model: demo only)
+    results/data/tokenized/{task}.{split}.jsonl      tokenize (tasks with format: chat)
+    results/data/mix/{name}.{jsonl,mix.json}         mix (stage mixtures, replay)
+    results/data/{task | mix/name}.train.{index.parquet,summary.json}  validate
+    results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
+    results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
+        final/                                       ... its only declared output
+    results/eval/{base | method/lr{lr}/stage{i}}/{task}.json                  evaluate
+    results/manifest.json, results/report/report.html                 manifest, report
+
+`lr` is a learning rate as it appears in paths (`lr_str`), `stage` is 1-based.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any
+
+from snakemake.exceptions import WorkflowError
+
+from mini_trainer.pipeline import data
+
+Config = dict[str, Any]
+
+DEMO_DIR = "resources/demo"
+# The tasks `mini-trainer demo-assets` builds (mini_trainer/demo/tasks.py; a test keeps them equal;
+# not imported from there, so that reading the Snakefile stays free of the demo's imports).
+DEMO_TASKS = ["sort", "sort_desc", "sort_plus1"]
+BASE = "base"
+RUN_KEY_LENGTH = 10
+
+
+class PipelineError(WorkflowError):
+    """A wildcard or target that the config does not define (Snakemake prints it, no trace)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Names.
+
+
+def lr_str(lr: float) -> str:
+    """A learning rate as it appears in paths: Python's shortest round-trip form (0.003, 1e-05)."""
+    return repr(float(lr))
+
+
+def lr_value(config: Config, method: str, lr: str) -> float:
+    """The configured learning rate of `method` whose path form is `lr`."""
+    if method not in config["methods"]:
+        raise PipelineError(f"unknown method {method!r} (config: methods)")
+    for value in config["methods"][method]["learning_rates"]:
+        if lr_str(value) == lr:
+            return float(value)
+    raise PipelineError(f"learning rate {lr} is not in config: methods.{method}.learning_rates")
+
+
+def sweep(config: Config) -> list[tuple[str, str, int]]:
+    """Every (method, lr as in paths, stage number) the config trains, stages 1-based."""
+    return [
+        (method, lr_str(lr), stage)
+        for method, spec in config["methods"].items()
+        for lr in spec["learning_rates"]
+        for stage in range(1, len(config["stages"]) + 1)
+    ]
+
+
+def short_hash(value: Any) -> str:
+    """First RUN_KEY_LENGTH hex digits of the sha256 of `value`'s canonical JSON."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:RUN_KEY_LENGTH]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data.
+
+
+def base_model(config: Config) -> str:
+    return f"{DEMO_DIR}/model" if config["model"] == "demo" else config["model"]
+
+
+def task_file(config: Config, task: str, split: str) -> str:
+    """The pre-tokenized JSONL of `task`'s `split` (train or eval): a chat task's is the
+    `tokenize` rule's output."""
+    if task in config["tasks"]:
+        if data.task_format(config, task) == "chat":
+            return f"results/data/tokenized/{task}.{split}.jsonl"
+        return config["tasks"][task][split]
+    return f"{DEMO_DIR}/data/{task}.{split}.jsonl"
+
+
+def chat_file(config: Config, task: str, split: str) -> str:
+    """The chat JSONL a `format: chat` task gives for `split`."""
+    return config["tasks"][task][split]
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "tokenizer.model",
+)
+
+
+def tokenizer_files(config: Config) -> list[str]:
+    """The base model's tokenizer files, so editing one in place reruns tokenization. (Not for
+    the demo: its model folder is a rule's output, whose files Snakemake cannot list.) Reads the
+    file system, unlike the rest of this module."""
+    model = base_model(config)
+    if config["model"] == "demo" or not os.path.isdir(model):
+        return []
+    return [f"{model}/{name}" for name in TOKENIZER_FILES if os.path.isfile(f"{model}/{name}")]
+
+
+def stage_dataset(config: Config, method: str, stage: int) -> str:
+    """What (method, stage) trains on: the stage's task, or a mixture (`mix/...`)."""
+    return data.mix_name(config, method, stage) or config["stages"][stage - 1]
+
+
+def train_file(config: Config, dataset: str) -> str:
+    """The training JSONL of a dataset: a task's file or a `mix` rule's output."""
+    if dataset.startswith(data.MIX_PREFIX):
+        return f"results/data/{dataset}.jsonl"
+    return task_file(config, dataset, "train")
+
+
+def mix_inputs(config: Config, name: str) -> list[tuple[str, str, str]]:
+    """(training file, kind, value) of each input of the mixture `mix/{name}`."""
+    try:
+        inputs = data.mix_inputs_of_name(config, f"{data.MIX_PREFIX}{name}")
+    except ValueError as error:
+        raise PipelineError(str(error)) from None
+    return [(task_file(config, task, "train"), kind, repr(value)) for task, kind, value in inputs]
+
+
+def data_index(task: str) -> str:
+    return f"results/data/{task}.train.index.parquet"
+
+
+def data_summary(task: str) -> str:
+    return f"results/data/{task}.train.summary.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Training runs.
+
+
+def method_options(config: Config, method: str) -> dict[str, Any]:
+    """The method's training options: `training` overridden by `methods.<method>.training`."""
+    return {**config["training"], **config["methods"][method].get("training", {})}
+
+
+def svd_targets_key(options: dict[str, Any]) -> str:
+    """Folder name of an SVD for the method's target patterns: shared by equal patterns."""
+    patterns = options.get("osft_target_patterns")
+    if not patterns:
+        return "default-targets"
+    return f"targets-{short_hash(patterns)}"
+
+
+def svd_dir(config: Config, method: str, lr: str, stage: int) -> str:
+    """The SVD cache of (method, lr, stage)'s starting weights.
+
+    Named after those weights, not after the job that uses them, so every job that starts
+    from the same weights with the same target patterns shares one: stage 1 of every OSFT
+    method and learning rate shares the base model's.
+    """
+    return _svd_dir(config, method, _previous_run(config, method, lr, stage))
+
+
+def _svd_dir(config: Config, method: str, previous_run: str | None) -> str:
+    source = BASE if previous_run is None else previous_run.removeprefix("results/train/")
+    return f"results/osft_svd/{source}/{svd_targets_key(method_options(config, method))}"
+
+
+def svd_model(config: Config, source: str) -> str:
+    """The weights an SVD folder's `source` names (inverse of `svd_dir`)."""
+    return base_model(config) if source == BASE else f"results/train/{source}/final"
+
+
+def svd_target_patterns(config: Config, targets: str) -> list[str]:
+    """The target patterns whose folder name is `targets` (see `svd_targets_key`)."""
+    for method in config["methods"]:
+        options = method_options(config, method)
+        if options.get("osft") and svd_targets_key(options) == targets:
+            return options.get("osft_target_patterns") or []
+    raise PipelineError(f"no OSFT method in the config uses targets {targets!r}")
+
+
+def start_model(config: Config, method: str, lr: str, stage: int) -> str:
+    """Stage 1 starts from the base model, stage i from stage i-1's final/ of the same run."""
+    previous = _previous_run(config, method, lr, stage)
+    return base_model(config) if previous is None else f"{previous}/final"
+
+
+def training_options(config: Config, method: str, lr: str, stage: int) -> dict[str, Any]:
+    """Every flag of (method, lr, stage)'s training job, except the output folder."""
+    return _stage_options(config, method, lr, stage, _previous_run(config, method, lr, stage))
+
+
+def _stage_options(
+    config: Config, method: str, lr: str, stage: int, previous_run: str | None
+) -> dict[str, Any]:
+    task = config["stages"][stage - 1]
+    dataset = stage_dataset(config, method, stage)
+    options = method_options(config, method)
+    options.update(
+        model_name_or_path=base_model(config) if previous_run is None else f"{previous_run}/final",
+        data_path=train_file(config, dataset),
+        data_index=data_index(dataset),
+        learning_rate=lr_value(config, method, lr),
+        save_final_checkpoint=True,
+    )
+    if options.get("osft"):
+        options["osft_svd_cache"] = _svd_dir(config, method, previous_run)
+    if options.get("wandb_project"):
+        options["wandb_run_name"] = f"{method}-lr{lr}-stage{stage}-{task}"
+    return options
+
+
+def _run_dirs(config: Config, method: str, lr: str, stage: int) -> list[str]:
+    """The run folders of stages 1..`stage` of (method, lr): each key names the folder of the
+    stage before (through the starting model and SVD cache), so they are built in order, once
+    each (a recursive definition would redo every earlier stage twice per stage)."""
+    launch = config["launch"]
+    dirs: list[str] = []
+    for s in range(1, stage + 1):
+        options = _stage_options(config, method, lr, s, dirs[-1] if dirs else None)
+        key = short_hash(
+            {
+                "options": options,
+                "nproc_per_node": launch["nproc_per_node"],
+                "nodes": launch["nodes"],
+            }
+        )
+        dirs.append(f"results/train/{method}/lr{lr}/stage{s}/{key}")
+    return dirs
+
+
+def _previous_run(config: Config, method: str, lr: str, stage: int) -> str | None:
+    return _run_dirs(config, method, lr, stage - 1)[-1] if stage > 1 else None
+
+
+def run_key(config: Config, method: str, lr: str, stage: int) -> str:
+    """Short hash of everything that defines the run: its options (which name the starting
+    checkpoint, so they chain through the stages) and the launch geometry.
+
+    The run folder is named by it, so a changed option gives a new, empty folder (a fresh run)
+    while a rerun with the same options finds its own state and resumes.
+    """
+    return run_dir(config, method, lr, stage).rsplit("/", 1)[1]
+
+
+def run_dir(config: Config, method: str, lr: str, stage: int) -> str:
+    return _run_dirs(config, method, lr, stage)[-1]
+
+
+def final_dir(config: Config, method: str, lr: str, stage: int) -> str:
+    return f"{run_dir(config, method, lr, stage)}/final"
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation sources: "base" or "{method}/lr{lr}/stage{i}".
+
+
+def eval_sources(config: Config) -> list[str]:
+    return [BASE] + [f"{m}/lr{lr}/stage{s}" for m, lr, s in sweep(config)]
+
+
+def parse_source(source: str) -> tuple[str, str, int] | None:
+    """(method, lr, stage) of an evaluation source; None for the base model."""
+    if source == BASE:
+        return None
+    parts = source.split("/")
+    if (
+        len(parts) == 3
+        and parts[1].startswith("lr")
+        and parts[2].startswith("stage")
+        and parts[2][5:].isdigit()
+    ):
+        return parts[0], parts[1][2:], int(parts[2][5:])
+    raise PipelineError(f"not an evaluation source: {source!r}")
+
+
+def eval_model(config: Config, source: str) -> str:
+    parsed = parse_source(source)
+    return base_model(config) if parsed is None else final_dir(config, *parsed)
+
+
+def eval_json(source: str, task: str) -> str:
+    return f"results/eval/{source}/{task}.json"
+
+
+def all_eval_jsons(config: Config) -> list[str]:
+    """Every evaluation JSON: each source on each stage's task."""
+    return [eval_json(s, task) for s in eval_sources(config) for task in config["stages"]]
