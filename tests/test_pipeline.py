@@ -132,8 +132,8 @@ def test_dry_run_default_config_plans_the_whole_experiment(tmp_path):
         "mix": 2,  # replay's stages 2 and 3
         "validate": 3 + 2,
         "osft_svd": 1 + 2 * 2,  # the base model's, shared, then stages 2 and 3 per osft lr
-        "train": 15,
-        "evaluate": (1 + 15) * 3,
+        "train": 14,  # replay's stage 1 is sft's at lr 0.01 (same run key): trained once
+        "evaluate": (1 + 14) * 3,  # and evaluated once
         "manifest": 1,
         "report": 1,
         "all": 1,
@@ -510,8 +510,11 @@ def test_full_run_chat_task_is_tokenized_and_replay_trains_on_its_mixture(full_r
         key: json.loads((full_run / path / "training_args.json").read_text())["data_path"]
         for key, path in runs.items()
     }
-    # Stage 1 of replay trains on the task as sft does; stage 2 on the task plus 10% of sort's.
-    assert data_of[("replay", 1)] == data_of[("sft", 1)]
+    # Stage 1 of replay trains on the task as sft does (the same run: one folder, trained and
+    # evaluated once); stage 2 on the task plus 10% of sort's, starting from that run.
+    assert runs[("replay", 1)] == runs[("sft", 1)]
+    replay2 = json.loads((full_run / runs[("replay", 2)] / "training_args.json").read_text())
+    assert replay2["model_name_or_path"] == f"{runs[('sft', 1)]}/final"
     assert data_of[("sft", 2)] == str(tokenized.relative_to(full_run))
     mix = f"results/data/mix/{CHAT_TASK}-replay0.1"
     assert data_of[("replay", 2)] == f"{mix}.jsonl"
@@ -535,7 +538,7 @@ def test_evaluation_change_reruns_only_evaluation_and_report(full_run):
     jobs = planned_jobs(
         snakemake(full_run, "-n", "--configfile", str(changed), "--replace-workflow-config")
     )
-    assert rule_counts(jobs) == {"evaluate": 14, "manifest": 1, "report": 1, "all": 1}
+    assert rule_counts(jobs) == {"evaluate": 12, "manifest": 1, "report": 1, "all": 1}
 
 
 @pytest.mark.slow
@@ -551,7 +554,7 @@ def test_model_change_reruns_tokenization_and_what_follows(full_run):
     changed = write_config(full_run, config, "config/model-changed.yaml")
     dry_run = snakemake(full_run, "-n", "--configfile", str(changed), "--replace-workflow-config")
     counts = rule_counts(planned_jobs(dry_run))
-    assert counts["tokenize"] == 2 and counts["mix"] == 1 and counts["train"] == 6
+    assert counts["tokenize"] == 2 and counts["mix"] == 1 and counts["train"] == 5
     assert "demo_assets" not in counts
 
 

@@ -16,6 +16,7 @@ from mini_trainer.pipeline.layout import (
     data_summary,
     eval_json,
     eval_sources,
+    evaluated_source,
     final_dir,
     method_options,
     mix_inputs,
@@ -99,6 +100,12 @@ def train_inputs(config: Config, method: str, lr: str, stage: int, key: str) -> 
             f"results/train/{method}/lr{lr}/stage{stage}/{key}: no longer matches the "
             f"config (its run key is now {current})"
         )
+    shared = run_dir(config, method, lr, stage)
+    if shared != f"results/train/{method}/lr{lr}/stage{stage}/{key}":
+        raise PipelineError(
+            f"results/train/{method}/lr{lr}/stage{stage}/{key}: the same run as {shared} "
+            "(same run key), which trains it"
+        )
     dataset = stage_dataset(config, method, stage)
     inputs = {
         "model": start_model(config, method, lr, stage),
@@ -138,7 +145,8 @@ def manifest_flags(config: Config) -> str:
         parsed = parse_source(source)
         method, lr, stage = parsed if parsed else ("-", "-", 0)
         for task in config["stages"]:
-            fields = [eval_json(source, task), method, lr, str(stage), task]
+            path = eval_json(evaluated_source(config, source), task)
+            fields = [path, method, lr, str(stage), task]
             parts.append(f"--eval {shlex.join(fields)}")
     for method, lr, stage in sweep(config):
         fields = [run_dir(config, method, lr, stage), method, lr, str(stage)]

@@ -223,21 +223,40 @@ def _stage_options(
 
 
 def _run_dirs(config: Config, method: str, lr: str, stage: int) -> list[str]:
-    """The run folders of stages 1..`stage` of (method, lr): each key names the folder of the
-    stage before (through the starting model and SVD cache), so they are built in order, once
-    each (a recursive definition would redo every earlier stage twice per stage)."""
+    """The run folders of stages 1..`stage` of (method, lr) (see `_sweep_run_dirs`)."""
+    lr_value(config, method, lr)  # an unknown method or rate is a PipelineError naming it
+    return _sweep_run_dirs(config, lr)[method][:stage]
+
+
+def _sweep_run_dirs(config: Config, lr: str) -> dict[str, list[str]]:
+    """The run folders of every stage of every method at learning rate `lr`.
+
+    Built stage by stage, once each: a key names the folder of the stage before (through the
+    starting model and SVD cache), so a recursive definition would redo every earlier stage twice
+    per stage. A run whose key equals that of an earlier method's run of the same stage (same
+    options from the same starting model: replay's stage 1 is SFT's) is that run: one folder,
+    trained once, under the first method (config order) that has it.
+    """
     launch = config["launch"]
-    dirs: list[str] = []
-    for s in range(1, stage + 1):
-        options = _stage_options(config, method, lr, s, dirs[-1] if dirs else None)
-        key = short_hash(
-            {
-                "options": options,
-                "nproc_per_node": launch["nproc_per_node"],
-                "nodes": launch["nodes"],
-            }
-        )
-        dirs.append(f"results/train/{method}/lr{lr}/stage{s}/{key}")
+    methods = [
+        m for m, spec in config["methods"].items() if lr in map(lr_str, spec["learning_rates"])
+    ]
+    if not methods:
+        raise PipelineError(f"no method of the config has learning rate {lr}")
+    dirs: dict[str, list[str]] = {m: [] for m in methods}
+    for s in range(1, len(config["stages"]) + 1):
+        by_key: dict[str, str] = {}
+        for m in methods:
+            previous = dirs[m][-1] if dirs[m] else None
+            options = _stage_options(config, m, lr, s, previous)
+            key = short_hash(
+                {
+                    "options": options,
+                    "nproc_per_node": launch["nproc_per_node"],
+                    "nodes": launch["nodes"],
+                }
+            )
+            dirs[m].append(by_key.setdefault(key, f"results/train/{m}/lr{lr}/stage{s}/{key}"))
     return dirs
 
 
@@ -295,6 +314,16 @@ def eval_json(source: str, task: str) -> str:
     return f"results/eval/{source}/{task}.json"
 
 
+def evaluated_source(config: Config, source: str) -> str:
+    """The source whose evaluation stands for `source`'s: itself, or for a run shared with an
+    earlier method (same run key, see `_sweep_run_dirs`) that method's, evaluated once."""
+    parsed = parse_source(source)
+    if parsed is None:
+        return source
+    return run_dir(config, *parsed).removeprefix("results/train/").rsplit("/", 1)[0]
+
+
 def all_eval_jsons(config: Config) -> list[str]:
-    """Every evaluation JSON: each source on each stage's task."""
-    return [eval_json(s, task) for s in eval_sources(config) for task in config["stages"]]
+    """Every evaluation JSON: each source on each stage's task (a shared run's once)."""
+    sources = dict.fromkeys(evaluated_source(config, s) for s in eval_sources(config))
+    return [eval_json(s, task) for s in sources for task in config["stages"]]
