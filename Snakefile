@@ -64,4 +64,4 @@ rule trainings:
 rule evaluations:
     """Target: every evaluation JSON."""
     input:
-        [eval_json(source, task) for source in eval_sources() for task in config["stages"]],
+        all_eval_jsons(),

@@ -271,6 +271,64 @@ def tokenize(
     )
 
 
+@cli.command("mix")
+@click.option(
+    "--input",
+    "weighted",
+    multiple=True,
+    type=(click.Path(dir_okay=False, path_type=Path), float),
+    metavar="FILE WEIGHT",
+    help="A JSONL file and its weight (its share of the output); the first one's samples all "
+    "appear once.",
+)
+@click.option(
+    "--replay",
+    multiple=True,
+    type=(click.Path(dir_okay=False, path_type=Path), float),
+    metavar="FILE FRACTION",
+    help="A JSONL file and the fraction (0..1) of its samples to add, without replacement.",
+)
+@click.option("--seed", default=0, show_default=True, help="Seeds which samples are chosen.")
+@click.option(
+    "--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Mixed JSONL."
+)
+@click.option(
+    "--out-sidecar",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="JSON saying which (input, line) each output line is.",
+)
+@click.option("--oversample", is_flag=True, help="Allow a weight to repeat a file's samples.")
+@click.option("--force", is_flag=True, help="Replace existing output files.")
+def mix(
+    weighted: tuple[tuple[Path, float], ...],
+    replay: tuple[tuple[Path, float], ...],
+    seed: int,
+    out: Path,
+    out_sidecar: Path,
+    oversample: bool,
+    force: bool,
+) -> None:
+    """Mix JSONL datasets by weight, plus replayed fractions, into one file (docs/data.md).
+
+    Deterministic for a seed; lines are copied unchanged (validate the result before training).
+    """
+    from mini_trainer.data.mix import REPLAY, WEIGHT, MixInput, check_inputs, write_mix
+    from mini_trainer.data.outputs import check_outputs
+
+    inputs = [MixInput(p, WEIGHT, w) for p, w in weighted]
+    inputs += [MixInput(p, REPLAY, f) for p, f in replay]
+    check_inputs(inputs)
+    check_outputs(
+        {"--out": out, "--out-sidecar": out_sidecar}, [item.path for item in inputs], force
+    )
+    record = write_mix(inputs, out, out_sidecar, seed, oversample)
+    for item in record["inputs"]:
+        click.echo(f"{item['path']}: {item['chosen']:,} of {item['samples_in_file']:,} samples")
+    click.echo(f"wrote {out} ({record['samples']:,} samples)")
+    click.echo(f"wrote {out_sidecar}")
+
+
 @cli.command("osft-svd")
 @model_options("Model (safetensors weights) whose targeted weights are factorized.")
 @click.option(

@@ -123,15 +123,17 @@ def test_lint_default_config():
 
 
 def test_dry_run_default_config_plans_the_whole_experiment(tmp_path):
-    """2 methods x 2 learning rates x 3 stages, evaluated with the base model on 3 tasks."""
+    """sft and osft at 2 learning rates and replay at 1, x 3 stages, evaluated with the base
+    model on 3 tasks."""
     workdir = make_workdir(tmp_path / "w")
     jobs = planned_jobs(snakemake(workdir, "-n"))
     assert rule_counts(jobs) == {
         "demo_assets": 1,
-        "validate": 3,
+        "mix": 2,  # replay's stages 2 and 3
+        "validate": 3 + 2,
         "osft_svd": 1 + 2 * 2,  # the base model's, shared, then stages 2 and 3 per osft lr
-        "train": 12,
-        "evaluate": (1 + 12) * 3,
+        "train": 14,  # replay's stage 1 is sft's at lr 0.01 (same run key): trained once
+        "evaluate": (1 + 14) * 3,  # and evaluated once
         "manifest": 1,
         "report": 1,
         "all": 1,
@@ -196,6 +198,10 @@ def test_example_8gpu_lints_and_dry_runs(tmp_path):
         ({"stages": ["sort", "sortt"]}, "stages[1]"),
         ({"methods": {"x": {"learning_rates": [0.1], "training": {"osft": True}}}},
          "methods.x.training.osft_unfreeze_rank_ratio"),
+        ({"tasks": {"t": {"train": "a", "eval": "b", "format": "sharegpt"}}}, "tasks.t.format"),
+        ({"mixtures": {"sort": {"sort": 1, "nope": 0.1}}}, "mixtures.sort.nope"),
+        ({"methods": {"r": {"learning_rates": [0.1], "replay_fraction": 1.5}}},
+         "methods.r.replay_fraction"),
     ],
 )  # fmt: skip
 def test_bad_config_fails_at_once_naming_the_key(tmp_path, change, key):
@@ -404,14 +410,44 @@ def test_a_run_killed_before_its_first_state_starts_over_and_is_kept(trained):
 # The whole DAG (needs `mini-trainer osft-svd`, `evaluate` and `report`).
 
 
+# Stage 2 of the full run is a chat-format task (tokenized by the DAG), and a replay method runs
+# beside sft and osft.
+CHAT_TASK = "sort_desc_chat"
+CHAT_SAMPLES = {"train": 300, "eval": 40}
+
+
+def _write_chat_task(workdir: Path) -> None:
+    """Chat JSONL of the demo's sort_desc task (the demo tokenizer's template renders it)."""
+    import random
+
+    from mini_trainer.demo.tasks import make_conversation
+
+    rng = random.Random(0)
+    (workdir / "chat").mkdir(exist_ok=True)
+    for split, count in CHAT_SAMPLES.items():
+        lines = [
+            json.dumps({"messages": make_conversation("sort_desc", rng)}) for _ in range(count)
+        ]
+        (workdir / f"chat/{CHAT_TASK}.{split}.jsonl").write_text("\n".join(lines) + "\n")
+
+
 def _full_config() -> dict:
     return demo_config(
+        stages=["sort", CHAT_TASK],
+        tasks={
+            CHAT_TASK: {
+                "train": f"chat/{CHAT_TASK}.train.jsonl",
+                "eval": f"chat/{CHAT_TASK}.eval.jsonl",
+                "format": "chat",
+            }
+        },
         methods={
             "sft": {"learning_rates": [0.01]},
             "osft": {
                 "learning_rates": [0.03],
                 "training": {"osft": True, "osft_unfreeze_rank_ratio": 0.5},
             },
+            "replay": {"learning_rates": [0.01], "replay_fraction": 0.1},
         },
         training={**demo_config()["training"], "max_steps": 12, "save_every_steps": 6},
     )
@@ -419,6 +455,7 @@ def _full_config() -> dict:
 
 # `full_run` (tests/pipeline_runs.py, a session fixture): the run of _full_config() that the
 # tests below and tests/test_report.py's browser test share.
+FULL_ROWS = (("sft", 0.01), ("osft", 0.03), ("replay", 0.01))
 
 
 @pytest.mark.slow
@@ -426,14 +463,13 @@ def test_full_run_report_has_every_cell(full_run):
     report = full_run / "results/report/report.html"
     assert report.exists()
     manifest = json.loads((full_run / "results/manifest.json").read_text())
-    assert manifest["tasks"] == ["sort", "sort_desc"]
+    assert manifest["tasks"] == ["sort", CHAT_TASK]
     cells = {
         (e["method"], e["lr"], e["stage"], e["task"]): e["path"]
         for e in manifest["entries"]
         if e["kind"] == "eval"
     }
-    rows = [(None, None, 0)] + [(m, lr, s) for m, lr in (("sft", 0.01), ("osft", 0.03))
-                                for s in (1, 2)]  # fmt: skip
+    rows = [(None, None, 0)] + [(m, lr, s) for m, lr in FULL_ROWS for s in (1, 2)]
     assert set(cells) == {(*row, task) for row in rows for task in manifest["tasks"]}
     for path in cells.values():
         accuracy = json.loads((full_run / path).read_text())["token_accuracy"]
@@ -442,7 +478,7 @@ def test_full_run_report_has_every_cell(full_run):
     # need every cell) for each (method, lr), and one matrix figure each.
     html = report.read_text()
     assert 'class="missing"' not in html
-    for method, lr in (("sft", 0.01), ("osft", 0.03)):
+    for method, lr in FULL_ROWS:
         row = re.search(
             rf"<tr><td>{method}</td><td>{lr}</td><td class=\"num\">2</td>"
             r'<td class="num">([0-9.]+)%</td><td class="num">([+-][0-9.]+) pt</td>',
@@ -451,7 +487,37 @@ def test_full_run_report_has_every_cell(full_run):
         assert row, f"no AA/BWT row for {method} lr {lr}"
         assert (full_run / f"results/report/matrix_{method}_lr{lr}.png").stat().st_size > 0
     runs = [e for e in manifest["entries"] if e["kind"] == "run"]
-    assert len(runs) == 4 and all((full_run / e["path"] / "metrics.jsonl").exists() for e in runs)
+    assert len(runs) == 6 and all((full_run / e["path"] / "metrics.jsonl").exists() for e in runs)
+    assert "Not on the plot" not in html  # every (method, lr) is a point of the frontier
+    # The chat task's row in the data section: every conversation kept (none is too long).
+    assert re.search(
+        rf"<tr><td>{CHAT_TASK}</td><td class=\"num\">{CHAT_SAMPLES['train']}</td>", html
+    )
+
+
+@pytest.mark.slow
+def test_full_run_chat_task_is_tokenized_and_replay_trains_on_its_mixture(full_run):
+    tokenized = full_run / f"results/data/tokenized/{CHAT_TASK}.train.jsonl"
+    assert len(tokenized.read_text().splitlines()) == CHAT_SAMPLES["train"]
+    assert (full_run / f"logs/tokenize/{CHAT_TASK}.eval.log").exists()
+    entries = json.loads((full_run / "results/manifest.json").read_text())["entries"]
+    runs = {(e["method"], e["stage"]): e["path"] for e in entries if e["kind"] == "run"}
+    data_of = {
+        key: json.loads((full_run / path / "training_args.json").read_text())["data_path"]
+        for key, path in runs.items()
+    }
+    # Stage 1 of replay trains on the task as sft does (the same run: one folder, trained and
+    # evaluated once); stage 2 on the task plus 10% of sort's, starting from that run.
+    assert runs[("replay", 1)] == runs[("sft", 1)]
+    replay2 = json.loads((full_run / runs[("replay", 2)] / "training_args.json").read_text())
+    assert replay2["model_name_or_path"] == f"{runs[('sft', 1)]}/final"
+    assert data_of[("sft", 2)] == str(tokenized.relative_to(full_run))
+    mix = f"results/data/mix/{CHAT_TASK}-replay0.1"
+    assert data_of[("replay", 2)] == f"{mix}.jsonl"
+    sidecar = json.loads((full_run / f"{mix}.mix.json").read_text())
+    assert [(i["kind"], i["chosen"]) for i in sidecar["inputs"]] == [
+        ("weight", CHAT_SAMPLES["train"]), ("replay", 200)]  # fmt: skip
+    assert len((full_run / f"{mix}.jsonl").read_text().splitlines()) == sidecar["samples"] == 500
 
 
 @pytest.mark.slow
@@ -468,7 +534,24 @@ def test_evaluation_change_reruns_only_evaluation_and_report(full_run):
     jobs = planned_jobs(
         snakemake(full_run, "-n", "--configfile", str(changed), "--replace-workflow-config")
     )
-    assert rule_counts(jobs) == {"evaluate": 10, "manifest": 1, "report": 1, "all": 1}
+    assert rule_counts(jobs) == {"evaluate": 12, "manifest": 1, "report": 1, "all": 1}
+
+
+@pytest.mark.slow
+def test_model_change_reruns_tokenization_and_what_follows(full_run):
+    """Another model folder (here: a copy of the demo model) means another tokenizer."""
+    shutil.copytree(full_run / "resources/demo/model", full_run / "other_model")
+    config = _full_config()
+    config["model"] = "other_model"
+    config["tasks"]["sort"] = {
+        "train": "resources/demo/data/sort.train.jsonl",
+        "eval": "resources/demo/data/sort.eval.jsonl",
+    }
+    changed = write_config(full_run, config, "config/model-changed.yaml")
+    dry_run = snakemake(full_run, "-n", "--configfile", str(changed), "--replace-workflow-config")
+    counts = rule_counts(planned_jobs(dry_run))
+    assert counts["tokenize"] == 2 and counts["mix"] == 1 and counts["train"] == 5
+    assert "demo_assets" not in counts
 
 
 @pytest.mark.slow

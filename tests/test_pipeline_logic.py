@@ -66,9 +66,39 @@ def test_run_keys_of_the_default_config_are_unchanged(demo):
     )
 
 
+def test_runs_with_equal_keys_are_one_run(demo):
+    """Replay's stage 1 has SFT's options at the same rate (no earlier stage to replay): same
+    run key, so it is SFT's run folder, trained once; its later stages start from it."""
+    sft1 = pipeline.run_dir(demo, "sft", "0.01", 1)
+    assert pipeline.run_dir(demo, "replay", "0.01", 1) == sft1
+    assert pipeline.training_options(demo, "replay", "0.01", 1) == pipeline.training_options(
+        demo, "sft", "0.01", 1
+    )
+    assert pipeline.start_model(demo, "replay", "0.01", 2) == f"{sft1}/final"
+    replay2 = pipeline.run_dir(demo, "replay", "0.01", 2)
+    assert replay2.startswith("results/train/replay/lr0.01/stage2/")
+    assert replay2 != pipeline.run_dir(demo, "sft", "0.01", 2)
+    # The shared run's folder under replay/ is not a job of its own.
+    key = pipeline.run_key(demo, "replay", "0.01", 1)
+    with pytest.raises(WorkflowError, match=f"the same run as {sft1}"):
+        pipeline.train_inputs(demo, "replay", "0.01", 1, key)
+    assert pipeline.train_inputs(demo, "sft", "0.01", 1, key)["model"] == "resources/demo/model"
+    # Its evaluations are SFT's: evaluated once, both rows of the manifest point at them.
+    assert pipeline.evaluated_source(demo, "replay/lr0.01/stage1") == "sft/lr0.01/stage1"
+    assert pipeline.evaluated_source(demo, "replay/lr0.01/stage2") == "replay/lr0.01/stage2"
+    assert "results/eval/replay/lr0.01/stage1/sort.json" not in pipeline.all_eval_jsons(demo)
+    words = shlex.split(pipeline.manifest_flags(demo))
+    rows = [words[i + 1 : i + 6] for i, w in enumerate(words) if w == "--eval"]
+    assert ["results/eval/sft/lr0.01/stage1/sort.json", "replay", "0.01", "1", "sort"] in rows
+    # Different options (another rate) are not shared.
+    other = copy.deepcopy(demo)
+    other["methods"]["replay"]["learning_rates"] = [0.02]
+    assert pipeline.run_dir(other, "replay", "0.02", 1).startswith("results/train/replay/")
+
+
 def test_sweep_and_learning_rates(demo):
     runs = pipeline.sweep(demo)
-    assert len(runs) == 2 * 2 * 3 and ("osft", "0.03", 3) in runs
+    assert len(runs) == 2 * 2 * 3 + 3 and ("osft", "0.03", 3) in runs  # + replay at one lr
     assert pipeline.lr_str(1e-5) == "1e-05" and pipeline.lr_value(demo, "osft", "0.03") == 0.03
     with pytest.raises(WorkflowError, match="not in config: methods.sft.learning_rates"):
         pipeline.lr_value(demo, "sft", "0.5")
@@ -134,12 +164,12 @@ def test_svd_folders_are_named_after_their_weights(demo):
 
 def test_evaluation_sources_round_trip(demo):
     sources = pipeline.eval_sources(demo)
-    assert sources[0] == "base" and len(sources) == 1 + 12
+    assert sources[0] == "base" and len(sources) == 1 + 15
     for source in sources[1:]:
         method, lr, stage = pipeline.parse_source(source)
         assert pipeline.eval_model(demo, source) == pipeline.final_dir(demo, method, lr, stage)
     assert pipeline.eval_model(demo, "base") == "resources/demo/model"
-    assert len(pipeline.all_eval_jsons(demo)) == 13 * 3
+    assert len(pipeline.all_eval_jsons(demo)) == 15 * 3  # replay/lr0.01/stage1 is sft's
     assert (
         pipeline.eval_json("sft/lr0.01/stage2", "sort")
         == "results/eval/sft/lr0.01/stage2/sort.json"
@@ -183,7 +213,7 @@ def test_train_inputs_refuse_a_stale_key(demo):
 def test_manifest_entries_cover_every_cell(demo):
     words = shlex.split(pipeline.manifest_flags(demo))
     assert words.count("--task") == 3 and words.count("--data-summary") == 3
-    assert words.count("--eval") == 13 * 3 and words.count("--run") == 12
+    assert words.count("--eval") == 16 * 3 and words.count("--run") == 15
     at = words.index("--run")
     assert words[at + 1 : at + 5] == [
         pipeline.run_dir(demo, "sft", "0.003", 1),
@@ -194,7 +224,7 @@ def test_manifest_entries_cover_every_cell(demo):
     at = words.index("--eval")
     assert words[at + 1 : at + 6] == ["results/eval/base/sort.json", "-", "-", "0", "sort"]
     inputs = pipeline.manifest_inputs(demo)
-    assert len(inputs["runs"]) == 12 and len(inputs["evals"]) == 39
+    assert len(inputs["runs"]) == 15 and len(inputs["evals"]) == 45
     assert inputs["summaries"][0] == pipeline.data_summary("sort")
 
 

@@ -226,21 +226,22 @@ READER_VIEW_JS = """(() => ({
 @pytest.mark.slow
 def test_pipeline_report_as_a_reader_sees_it_in_chromium(chromium, full_run, tmp_path):
     """The full demo run's report.html in headless Chromium: every image drawn, one AA/BWT row
-    per method and learning rate, the frontier and both matrices, no console or load error."""
+    per method and learning rate, the frontier and every matrix, no console or load error."""
     from browser import view_page
+    from test_pipeline import FULL_ROWS
 
+    matrices = sorted(f"matrix_{method}_lr{lr}.png" for method, lr in FULL_ROWS)
     shot = tmp_path / "report.png"
     seen = view_page(chromium, full_run / "results/report/report.html", READER_VIEW_JS, shot)
     view = seen.result
     assert seen.problems == [], seen.problems
     sources = sorted(image["src"] for image in view["images"])
-    assert sources == ["frontier.png", "matrix_osft_lr0.03.png", "matrix_sft_lr0.01.png",
-                       "throughput.png", "training_loss_lr.png"]  # fmt: skip
+    assert sources == sorted(["frontier.png", *matrices, "throughput.png", "training_loss_lr.png"])
     for image in view["images"]:
         assert image["complete"] and image["width"] > 100 and image["height"] > 100, image
         assert image["shown"] > 100, image  # laid out on the page, not hidden
     rows = {(row[0], row[1]): row[2:] for row in view["summary"]}
-    assert sorted(rows) == [("osft", "0.03"), ("sft", "0.01")], view["summary"]
+    assert sorted(rows) == sorted((m, str(lr)) for m, lr in FULL_ROWS), view["summary"]
     for method_lr, (last_stage, aa, bwt, *_) in rows.items():
         assert last_stage == "2", method_lr
         assert re.fullmatch(r"\d+\.\d%", aa) and re.fullmatch(r"[+-]\d+\.\d pt", bwt), rows
@@ -250,7 +251,7 @@ def test_pipeline_report_as_a_reader_sees_it_in_chromium(chromium, full_run, tmp
         "Accuracy matrices",
     ], view["sections"]
     assert view["frontier"] == ["frontier.png"]
-    assert sorted(view["matrices"]) == ["matrix_osft_lr0.03.png", "matrix_sft_lr0.01.png"]
+    assert sorted(view["matrices"]) == matrices
     assert view["missing"] == 0
     import matplotlib.image
 

@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 
 from mini_trainer.errors import UserError
+from mini_trainer.pipeline.data import DataConfigError, check_data_config
 from mini_trainer.pipeline.layout import (
     DEMO_TASKS,
     Config,
@@ -78,6 +79,10 @@ def exit_on_config_error() -> Iterator[None]:
 def check_config(config: Config) -> None:
     """Raise `ConfigError` for the first cross-key problem of a schema-validated config."""
     _check_stages(config)
+    try:
+        check_data_config(config, DEMO_TASKS)
+    except DataConfigError as error:
+        raise ConfigError(f"config: {error.key}", error.reason) from None
     shared_cap = config["training"].get("max_tokens_per_gpu")
     if shared_cap is None:
         raise ConfigError(

@@ -17,11 +17,14 @@ from mini_trainer.pipeline.layout import (
     data_summary,
     eval_json,
     eval_sources,
+    evaluated_source,
     final_dir,
     method_options,
+    mix_inputs,
     parse_source,
     run_dir,
     run_key,
+    stage_dataset,
     start_model,
     svd_dir,
     sweep,
@@ -99,17 +102,37 @@ def train_inputs(config: Config, method: str, lr: str, stage: int, key: str) -> 
             f"results/train/{method}/lr{lr}/stage{stage}/{key}: no longer matches the "
             f"config (its run key is now {current})"
         )
-    task = config["stages"][stage - 1]
+    shared = run_dir(config, method, lr, stage)
+    if shared != f"results/train/{method}/lr{lr}/stage{stage}/{key}":
+        raise PipelineError(
+            f"results/train/{method}/lr{lr}/stage{stage}/{key}: the same run as {shared} "
+            "(same run key), which trains it"
+        )
+    dataset = stage_dataset(config, method, stage)
     inputs = {
         "model": model_input(config, start_model(config, method, lr, stage)),
-        "data": train_file(config, task),
-        "index": data_index(task),
+        "data": train_file(config, dataset),
+        "index": data_index(dataset),
     }
+    task = config["stages"][stage - 1]
     if validation_file(config, task):
         inputs["validation"] = validation_file(config, task)
     if method_options(config, method).get("osft"):
         inputs["svd"] = svd_dir(config, method, lr, stage)
     return inputs
+
+
+def mix_flags(config: Config, name: str) -> str:
+    """`--input FILE WEIGHT ... --replay FILE FRACTION ...` of the mixture `mix/{name}`."""
+    flags = {"weight": "--input", "replay": "--replay"}
+    return " ".join(
+        f"{flags[kind]} {shlex.quote(path)} {value}"
+        for path, kind, value in mix_inputs(config, name)
+    )
+
+
+def mix_input_files(config: Config, name: str) -> list[str]:
+    return [path for path, _, _ in mix_inputs(config, name)]
 
 
 def manifest_inputs(config: Config) -> dict[str, list[str]]:
@@ -127,7 +150,8 @@ def manifest_flags(config: Config) -> str:
         parsed = parse_source(source)
         method, lr, stage = parsed if parsed else ("-", "-", 0)
         for task in config["stages"]:
-            fields = [eval_json(source, task), method, lr, str(stage), task]
+            path = eval_json(evaluated_source(config, source), task)
+            fields = [path, method, lr, str(stage), task]
             parts.append(f"--eval {shlex.join(fields)}")
     for method, lr, stage in sweep(config):
         fields = [run_dir(config, method, lr, stage), method, lr, str(stage)]

@@ -2,8 +2,10 @@
 (schema-validated) config, so every path and run key can be unit-tested without Snakemake.
 
     resources/demo/{model,data}                      demo_assets (model: demo only)
-    results/data/{task}.train.{index.parquet,summary.json}            validate
+    results/data/tokenized/{task}.{split}.jsonl      tokenize (tasks with format: chat)
+    results/data/mix/{name}.{jsonl,mix.json}         mix (stage mixtures, replay)
     results/data/{task}.split.{train,validation}.jsonl   split_validation (data.validation_fraction)
+    results/data/{task | mix/name}.train.{index.parquet,summary.json}  validate
     results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
     results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
         final/                                       ... its only declared output
@@ -18,9 +20,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from typing import Any
 
 from snakemake.exceptions import WorkflowError
+
+from mini_trainer.pipeline import data
 
 Config = dict[str, Any]
 
@@ -80,8 +85,11 @@ def base_model(config: Config) -> str:
 
 
 def task_file(config: Config, task: str, split: str) -> str:
-    """The pre-tokenized JSONL of `task`'s `split` (train or eval)."""
+    """The pre-tokenized JSONL of `task`'s `split` (train or eval): a chat task's is the
+    `tokenize` rule's output."""
     if task in config["tasks"]:
+        if data.task_format(config, task) == "chat":
+            return f"results/data/tokenized/{task}.{split}.jsonl"
         return config["tasks"][task][split]
     return f"{DEMO_DIR}/data/{task}.{split}.jsonl"
 
@@ -96,11 +104,51 @@ def validation_file(config: Config, task: str) -> str | None:
     return None
 
 
-def train_file(config: Config, task: str) -> str:
-    """What `task` trains on: its training file, less the validation split when there is one."""
-    if validation_file(config, task) == f"results/data/{task}.split.validation.jsonl":
-        return f"results/data/{task}.split.train.jsonl"
-    return task_file(config, task, "train")
+def chat_file(config: Config, task: str, split: str) -> str:
+    """The chat JSONL a `format: chat` task gives for `split`."""
+    return config["tasks"][task][split]
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+    "tokenizer.model",
+)
+
+
+def tokenizer_files(config: Config) -> list[str]:
+    """The base model's tokenizer files, so editing one in place reruns tokenization. (Not for
+    the demo: its model folder is a rule's output, whose files Snakemake cannot list.) Reads the
+    file system, unlike the rest of this module."""
+    model = base_model(config)
+    if config["model"] == "demo" or not os.path.isdir(model):
+        return []
+    return [f"{model}/{name}" for name in TOKENIZER_FILES if os.path.isfile(f"{model}/{name}")]
+
+
+def stage_dataset(config: Config, method: str, stage: int) -> str:
+    """What (method, stage) trains on: the stage's task, or a mixture (`mix/...`)."""
+    return data.mix_name(config, method, stage) or config["stages"][stage - 1]
+
+
+def train_file(config: Config, dataset: str) -> str:
+    """The training JSONL of a dataset: a task's file or a `mix` rule's output."""
+    if dataset.startswith(data.MIX_PREFIX):
+        return f"results/data/{dataset}.jsonl"
+    if validation_file(config, dataset) == f"results/data/{dataset}.split.validation.jsonl":
+        return f"results/data/{dataset}.split.train.jsonl"  # less the validation split
+    return task_file(config, dataset, "train")
+
+
+def mix_inputs(config: Config, name: str) -> list[tuple[str, str, str]]:
+    """(training file, kind, value) of each input of the mixture `mix/{name}`."""
+    try:
+        inputs = data.mix_inputs_of_name(config, f"{data.MIX_PREFIX}{name}")
+    except ValueError as error:
+        raise PipelineError(str(error)) from None
+    return [(train_file(config, task), kind, repr(value)) for task, kind, value in inputs]
 
 
 def data_index(task: str) -> str:
@@ -172,11 +220,12 @@ def _stage_options(
     config: Config, method: str, lr: str, stage: int, previous_run: str | None
 ) -> dict[str, Any]:
     task = config["stages"][stage - 1]
+    dataset = stage_dataset(config, method, stage)
     options = method_options(config, method)
     options.update(
         model_name_or_path=base_model(config) if previous_run is None else f"{previous_run}/final",
-        data_path=train_file(config, task),
-        data_index=data_index(task),
+        data_path=train_file(config, dataset),
+        data_index=data_index(dataset),
         learning_rate=lr_value(config, method, lr),
         save_final_checkpoint=True,
     )
@@ -196,21 +245,40 @@ def _stage_options(
 
 
 def _run_dirs(config: Config, method: str, lr: str, stage: int) -> list[str]:
-    """The run folders of stages 1..`stage` of (method, lr): each key names the folder of the
-    stage before (through the starting model and SVD cache), so they are built in order, once
-    each (a recursive definition would redo every earlier stage twice per stage)."""
+    """The run folders of stages 1..`stage` of (method, lr) (see `_sweep_run_dirs`)."""
+    lr_value(config, method, lr)  # an unknown method or rate is a PipelineError naming it
+    return _sweep_run_dirs(config, lr)[method][:stage]
+
+
+def _sweep_run_dirs(config: Config, lr: str) -> dict[str, list[str]]:
+    """The run folders of every stage of every method at learning rate `lr`.
+
+    Built stage by stage, once each: a key names the folder of the stage before (through the
+    starting model and SVD cache), so a recursive definition would redo every earlier stage twice
+    per stage. A run whose key equals that of an earlier method's run of the same stage (same
+    options from the same starting model: replay's stage 1 is SFT's) is that run: one folder,
+    trained once, under the first method (config order) that has it.
+    """
     launch = config["launch"]
-    dirs: list[str] = []
-    for s in range(1, stage + 1):
-        options = _stage_options(config, method, lr, s, dirs[-1] if dirs else None)
-        key = short_hash(
-            {
-                "options": options,
-                "nproc_per_node": launch["nproc_per_node"],
-                "nodes": launch["nodes"],
-            }
-        )
-        dirs.append(f"results/train/{method}/lr{lr}/stage{s}/{key}")
+    methods = [
+        m for m, spec in config["methods"].items() if lr in map(lr_str, spec["learning_rates"])
+    ]
+    if not methods:
+        raise PipelineError(f"no method of the config has learning rate {lr}")
+    dirs: dict[str, list[str]] = {m: [] for m in methods}
+    for s in range(1, len(config["stages"]) + 1):
+        by_key: dict[str, str] = {}
+        for m in methods:
+            previous = dirs[m][-1] if dirs[m] else None
+            options = _stage_options(config, m, lr, s, previous)
+            key = short_hash(
+                {
+                    "options": options,
+                    "nproc_per_node": launch["nproc_per_node"],
+                    "nodes": launch["nodes"],
+                }
+            )
+            dirs[m].append(by_key.setdefault(key, f"results/train/{m}/lr{lr}/stage{s}/{key}"))
     return dirs
 
 
@@ -279,6 +347,16 @@ def eval_json(source: str, task: str) -> str:
     return f"results/eval/{source}/{task}.json"
 
 
+def evaluated_source(config: Config, source: str) -> str:
+    """The source whose evaluation stands for `source`'s: itself, or for a run shared with an
+    earlier method (same run key, see `_sweep_run_dirs`) that method's, evaluated once."""
+    parsed = parse_source(source)
+    if parsed is None:
+        return source
+    return run_dir(config, *parsed).removeprefix("results/train/").rsplit("/", 1)[0]
+
+
 def all_eval_jsons(config: Config) -> list[str]:
-    """Every evaluation JSON: each source on each stage's task."""
-    return [eval_json(s, task) for s in eval_sources(config) for task in config["stages"]]
+    """Every evaluation JSON: each source on each stage's task (a shared run's once)."""
+    sources = dict.fromkeys(evaluated_source(config, s) for s in eval_sources(config))
+    return [eval_json(s, task) for s in sources for task in config["stages"]]

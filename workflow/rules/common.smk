@@ -49,6 +49,9 @@ sweep = _bind(pipeline.sweep)
 base_model = _bind(pipeline.base_model)
 task_file = _bind(pipeline.task_file)
 validation_file = _bind(pipeline.validation_file)
+chat_file = _bind(pipeline.chat_file)
+tokenizer_files = _bind(pipeline.tokenizer_files)
+stage_dataset = _bind(pipeline.stage_dataset)
 train_file = _bind(pipeline.train_file)
 method_options = _bind(pipeline.method_options)
 svd_dir = _bind(pipeline.svd_dir)
@@ -86,6 +89,14 @@ manifest_flags = _bind(pipeline.manifest_flags)
 
 def train_inputs(wc):
     return pipeline.train_inputs(config, wc.method, wc.lr, int(wc.stage), wc.key)
+
+
+def mix_flags(wc):
+    return pipeline.mix_flags(config, wc.name)
+
+
+def mix_input_files(wc):
+    return pipeline.mix_input_files(config, wc.name)
 
 
 # Config checks beyond the schema (mini_trainer/pipeline/checks.py), before any job: one line

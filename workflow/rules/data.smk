@@ -1,4 +1,5 @@
-# Data: the embedded demo (model: demo) and the checks of every training file.
+# Data: the embedded demo (model: demo), chat tasks tokenized, stage mixtures and replay, and
+# the checks of every training file.
 
 
 rule demo_assets:
@@ -54,8 +55,68 @@ rule resolve_model:
         " --model-revision {params.commit} --out {output:q} > {log} 2>&1"
 
 
+rule tokenize:
+    """A `format: chat` task's chat JSONL, tokenized with the model's chat template.
+
+    No length cap here: validate applies `data.on_long` to the result, so its summary (and the
+    report) counts what was dropped, and line N of the output is line N of the chat file.
+    """
+    input:
+        chat=lambda wc: chat_file(wc.task, wc.split),
+        model=model_input(base_model()),
+        tokenizer=tokenizer_files(),
+    output:
+        "results/data/tokenized/{task}.{split}.jsonl",
+    wildcard_constraints:
+        split="train|eval",
+    params:
+        model=model_flags(base_model()),
+    log:
+        "logs/tokenize/{task}.{split}.log",
+    benchmark:
+        "results/benchmarks/tokenize/{task}.{split}.tsv"
+    threads: 1
+    resources:
+        mem_mb=rule_resource("tokenize", "mem_mb"),
+        runtime=rule_resource("tokenize", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer tokenize {input.chat:q} {params.model}'
+        " --out {output:q} --force > {log} 2>&1"
+
+
+rule mix:
+    """A stage's training mixture (`mixtures:`) and/or a replay method's share of the earlier
+    stages' samples, as one file (see docs/data.md for how samples are chosen)."""
+    input:
+        mix_input_files,
+    output:
+        data="results/data/mix/{name}.jsonl",
+        sidecar="results/data/mix/{name}.mix.json",
+    wildcard_constraints:
+        name=r"[A-Za-z0-9][A-Za-z0-9_.-]*",
+    params:
+        flags=mix_flags,
+        seed=config["data"]["seed"],
+    log:
+        "logs/mix/{name}.log",
+    benchmark:
+        "results/benchmarks/mix/{name}.tsv"
+    threads: 1
+    resources:
+        mem_mb=rule_resource("mix", "mem_mb"),
+        runtime=rule_resource("mix", "runtime"),
+    conda:
+        "../envs/mini-trainer.yaml"
+    shell:
+        '"$MINI_TRAINER_PYTHON" -m mini_trainer mix {params.flags} --seed {params.seed}'
+        " --out {output.data:q} --out-sidecar {output.sidecar:q} --force > {log} 2>&1"
+
+
 rule validate:
-    """Check every line of a task's training file and write the lengths index training reads."""
+    """Check every line of a training file (a task's or a mixture's) and write the lengths
+    index training reads."""
     input:
         data=lambda wc: train_file(wc.task),
         model=model_input(base_model()),
@@ -67,6 +128,8 @@ rule validate:
             category="Data",
             labels={"task": "{task}"},
         ),
+    wildcard_constraints:
+        task=r"(mix/)?[A-Za-z0-9][A-Za-z0-9_.-]*",
     params:
         model=model_flags(base_model()),
         max_tokens_per_gpu=config["training"]["max_tokens_per_gpu"],
