@@ -12,7 +12,7 @@ from conftest import base_flags, run_cli
 
 SUBCOMMANDS = [
     "demo-assets", "validate", "tokenize", "osft-svd", "train", "launch", "evaluate", "report",
-    "manifest", "resolve-model", "split-validation",
+    "manifest", "resolve-model", "split-validation", "mix",
 ]  # fmt: skip
 
 
@@ -51,6 +51,7 @@ def _command(subcommand, demo_dir, tmp_path, ro):
         "resolve-model": ["--model", model, "--out", ro / "model.json"],
         "split-validation": [data, "--fraction", 0.1, "--out-train", ro / "t.jsonl",
                              "--out-validation", ro / "v.jsonl"],
+        "mix": ["--input", data, 1.0, "--out", ro / "mix.jsonl", "--out-sidecar", ro / "m.json"],
     }[subcommand]  # fmt: skip
 
 
