@@ -13,20 +13,11 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from mini_trainer.pipeline.checks import VALIDATION_OPTIONS
 from mini_trainer.pipeline.hub import model_flags
 from mini_trainer.pipeline.layout import Config, base_model, method_options
 
 PLAN_DIR = "results/plan"
-
-PLAN_SKIPPED_OPTIONS = (
-    "validation_every_steps",
-    "validation_max_tokens_per_gpu",
-    "best_metric",
-    "early_stopping_patience",
-    "early_stopping_min_delta",
-)
-"""Options about validation: they need the validation file the job is given (the engine refuses
-them without it), and a validation pass (no gradients) never sets the training step's peak."""
 
 
 def plan_needed(config: Config) -> bool:
@@ -41,9 +32,10 @@ def plan_file(method: str) -> str:
 
 def plan_training_options(config: Config, method: str) -> dict[str, Any]:
     """The method's training options that `plan` takes (as `train` does), for every lr and
-    stage: the method's own, less validation's (see PLAN_SKIPPED_OPTIONS)."""
+    stage: the method's own, less validation's (they need the validation file the job is
+    given, and a validation pass, without gradients, never sets the training step's peak)."""
     options = method_options(config, method)
-    return {k: v for k, v in options.items() if k not in PLAN_SKIPPED_OPTIONS}
+    return {k: v for k, v in options.items() if k not in VALIDATION_OPTIONS}
 
 
 def plan_flags(config: Config, method: str) -> str:
