@@ -33,6 +33,7 @@ wildcard_constraints:
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/plan.smk"
 include: "workflow/rules/osft.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"

@@ -184,6 +184,34 @@ def test_example_8gpu_lints_and_dry_runs(tmp_path):
     assert "--save-dtype bfloat16" in command
     resources = re.findall(r"resources: .*\bgres=gpu:(\d+), tasks_per_gpu=0", result.stdout)
     assert resources and set(resources) == {"8"}
+    # One plan per method, listed (so run) before every training job.
+    plans = sorted(out for rule, out in jobs if rule == "plan")
+    assert plans == ["results/plan/osft.txt", "results/plan/sft.txt"]
+    rules = [rule for rule, _ in jobs]
+    assert max(i for i, r in enumerate(rules) if r == "plan") < rules.index("train")
+    plan = next(line for line in result.stdout.splitlines() if "mini_trainer plan" in line)
+    assert "--gpus-per-node 8 --gpu-memory-gib 80" in plan and "--require-fit" in plan
+
+
+@pytest.mark.slow
+def test_plan_rule_stops_a_config_that_does_not_fit(tmp_path):
+    """The 8B example planned on 1 GiB GPUs: the plan job fails (exit 4), nothing trains, and
+    its log holds the table and the reason."""
+    workdir = _example_workdir(tmp_path)
+    model = workdir / "llama-8b"
+    model.mkdir()
+    shutil.copy2(REPO_ROOT / "tests/fixtures/plan/llama-3.1-8b/config.json", model)
+    config = yaml.safe_load((REPO_ROOT / EXAMPLE_8GPU).read_text())
+    config["model"] = "llama-8b"
+    config["launch"]["gpu_memory_gib"] = 1
+    write_config(workdir, config, "config/small-gpus.yaml")
+    args = ("--configfile", "config/small-gpus.yaml", "--replace-workflow-config")
+    result = snakemake(workdir, "--cores", "1", "results/plan/sft.txt", *args, timeout=1200)
+    assert result.returncode != 0
+    log = (workdir / "logs/plan/sft.log").read_text()
+    assert "peak" in log.lower() and "error: the peak" in log and "does not fit in 1.0 GiB" in log
+    assert not (workdir / "results/plan/sft.txt").exists()
+    assert not (workdir / "results/train").exists()
 
 
 @pytest.mark.parametrize(

@@ -242,6 +242,86 @@ def test_resources(demo):
     assert "--nproc-per-node 8 --" in pipeline.torchrun_launcher(big)
 
 
+PLAN_MODEL = str(REPO_ROOT / "tests/fixtures/plan/llama-3.1-8b")
+
+
+def gpu_example(**launch) -> dict:
+    """The 8-GPU example on a local model folder (the plan fixture: config.json only)."""
+    config = pipeline.read_config_file(REPO_ROOT / "config/examples/llama-3.1-8b-8gpu.yaml")
+    config["model"] = PLAN_MODEL
+    config["launch"].update(launch)
+    return load(config)
+
+
+def test_plan_only_with_gpus(demo):
+    """CPU configs have no plan: train inputs as before; GPU configs wait for the method's."""
+    assert not pipeline.plan_needed(demo)
+    key = pipeline.run_key(demo, "sft", "0.01", 1)
+    assert "plan" not in pipeline.train_inputs(demo, "sft", "0.01", 1, key)
+    gpu = gpu_example()
+    assert pipeline.plan_needed(gpu)
+    for method, lr, stage in pipeline.sweep(gpu):
+        key = pipeline.run_key(gpu, method, lr, stage)
+        inputs = pipeline.train_inputs(gpu, method, lr, stage, key)
+        assert inputs["plan"] == pipeline.plan_file(method) == f"results/plan/{method}.txt"
+
+
+def test_plan_flags_are_the_methods_options_on_the_configured_gpus():
+    config = gpu_example(nodes=2, gpus_per_node=4, gpu_memory_gib=79.5)
+    words = shlex.split(pipeline.plan_flags(config, "osft"))
+    assert words[:9] == ["--model", PLAN_MODEL, "--nodes", "2", "--gpus-per-node", "4",
+                         "--gpu-memory-gib", "79.5", "--gpu"]  # fmt: skip
+    assert words[9] == "H100" and "--require-fit" in words and "--model-revision" not in words
+    at = words.index("--max-tokens-per-gpu")
+    assert words[at + 1] == "16384"
+    at = words.index("--osft-unfreeze-rank-ratio")
+    assert words[at + 1] == "0.25" and "--activation-checkpointing" in words
+    sft = shlex.split(pipeline.plan_flags(config, "sft"))
+    assert "--osft" not in sft and "--use-liger-kernels" in sft
+    for flag in ("--learning-rate", "--data-path", "--output-dir", "--model-name-or-path"):
+        assert flag not in sft  # the plan fills what it does not need
+    del config["launch"]["gpu"]
+    assert "--gpu" not in shlex.split(pipeline.plan_flags(config, "sft"))
+
+
+def test_plan_parses_the_pipelines_flags_as_train_does():
+    """Every method's plan flags are accepted by `plan`'s parser (train's), validation options
+    (which need the job's validation file) left out."""
+    from pathlib import Path
+
+    from mini_trainer.plan.inputs import training_args
+
+    config = gpu_example()
+    config["methods"]["sft"]["training"] = {"validation_every_steps": 10, "best_metric": "loss"}
+    options = pipeline.plan_training_options(config, "sft")
+    assert "validation_every_steps" not in options and "best_metric" not in options
+    for method in config["methods"]:
+        words = shlex.split(pipeline.plan_flags(config, method))
+        flags = words[words.index("--require-fit") + 1 :]
+        args = training_args(Path(PLAN_MODEL), flags)
+        assert args.max_tokens_per_gpu == 16384 and args.batch_size == 128
+        assert args.osft == (method == "osft")
+
+
+@pytest.mark.parametrize(
+    ("launch", "message"),
+    [
+        ({"gpu_memory_gib": None}, "config: launch.gpu_memory_gib: required with gpus_per_node 8"),
+        ({"gpu": "Q9000"}, "config: launch.gpu: unknown GPU name 'Q9000'"),
+    ],
+)
+def test_gpu_configs_need_the_gpu_memory(launch, message):
+    config = gpu_example()
+    for name, value in launch.items():
+        if value is None:
+            del config["launch"][name]
+        else:
+            config["launch"][name] = value
+    with pytest.raises(pipeline.ConfigError) as caught:
+        pipeline.check_config(config)
+    assert str(caught.value).startswith(message)
+
+
 def test_demo_tasks_match_the_package():
     from mini_trainer.demo.tasks import TASKS
 

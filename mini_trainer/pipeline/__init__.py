@@ -3,7 +3,7 @@
 `workflow/rules/common.smk` binds them to Snakemake's `config`; the rules only place the results.
 Modules: `layout` (names, paths, run keys, merged options, evaluation sources), `commands` (flags,
 manifest entries, job resources), `checks` (cross-key config checks through `TrainingArgs`, YAML
-errors with FILE:LINE), `data` (what each job trains on: chat tasks, mixtures,
+errors with FILE:LINE), `planning` (the plan rule's flags and files), `data` (what each job trains on: chat tasks, mixtures,
 replay), `schema` (the config's training options generated from `TrainingArgs`).
 Every function takes the config first, except those that depend on names alone.
 """
@@ -69,6 +69,12 @@ from mini_trainer.pipeline.layout import (
     training_options,
     validation_file,
 )
+from mini_trainer.pipeline.planning import (
+    plan_file,
+    plan_flags,
+    plan_needed,
+    plan_training_options,
+)
 
 __all__ = [
     "MODEL_RECORD",
@@ -107,6 +113,10 @@ __all__ = [
     "mix_input_files",
     "mix_inputs",
     "parse_source",
+    "plan_file",
+    "plan_flags",
+    "plan_needed",
+    "plan_training_options",
     "read_config_file",
     "rule_resource",
     "rule_threads",

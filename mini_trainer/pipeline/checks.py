@@ -83,6 +83,7 @@ def check_config(config: Config) -> None:
         check_data_config(config, DEMO_TASKS)
     except DataConfigError as error:
         raise ConfigError(f"config: {error.key}", error.reason) from None
+    _check_gpus(config)
     shared_cap = config["training"].get("max_tokens_per_gpu")
     if shared_cap is None:
         raise ConfigError(
@@ -137,6 +138,28 @@ def _check_validation(config: Config, method: str | None) -> None:
             raise ConfigError(f"config: methods.{method}.training.{key}", where)
         if key in config["training"]:
             raise ConfigError(f"config: training.{key} (method {method})", where)
+
+
+def _check_gpus(config: Config) -> None:
+    """GPU jobs are planned first (planning.py): the plan needs the memory of one GPU."""
+    launch = config["launch"]
+    if not launch["gpus_per_node"]:
+        return
+    if launch.get("gpu_memory_gib") is None:
+        raise ConfigError(
+            "config: launch.gpu_memory_gib",
+            f"required with gpus_per_node {launch['gpus_per_node']} (memory of one GPU, GiB: "
+            "the plan rule checks that every method fits before training)",
+        )
+    if launch.get("gpu"):
+        from mini_trainer.training.flops import peak_flops
+
+        if peak_flops(launch["gpu"]) is None:
+            raise ConfigError(
+                "config: launch.gpu",
+                f"unknown GPU name {launch['gpu']!r} (one that `mini-trainer plan --gpu` "
+                "knows: H100, H200, A100, B200, L40S, ...)",
+            )
 
 
 def _check_stages(config: Config) -> None:

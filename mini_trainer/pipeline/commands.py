@@ -31,6 +31,7 @@ from mini_trainer.pipeline.layout import (
     train_file,
     validation_file,
 )
+from mini_trainer.pipeline.planning import plan_file, plan_needed
 
 
 def cli_flags(options: dict[str, Any]) -> str:
@@ -119,6 +120,8 @@ def train_inputs(config: Config, method: str, lr: str, stage: int, key: str) -> 
         inputs["validation"] = validation_file(config, task)
     if method_options(config, method).get("osft"):
         inputs["svd"] = svd_dir(config, method, lr, stage)
+    if plan_needed(config):  # GPU jobs wait for their method's plan (planning.py)
+        inputs["plan"] = plan_file(method)
     return inputs
 
 

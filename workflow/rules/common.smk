@@ -87,8 +87,15 @@ manifest_inputs = _bind(pipeline.manifest_inputs)
 manifest_flags = _bind(pipeline.manifest_flags)
 
 
+# The plan rule (mini_trainer/pipeline/planning.py).
+plan_flags = _bind(pipeline.plan_flags)
+
+
 def train_inputs(wc):
-    return pipeline.train_inputs(config, wc.method, wc.lr, int(wc.stage), wc.key)
+    inputs = pipeline.train_inputs(config, wc.method, wc.lr, int(wc.stage), wc.key)
+    if "plan" in inputs:  # a replanned table (e.g. after a software update) retrains nothing
+        inputs["plan"] = ancient(inputs["plan"])
+    return inputs
 
 
 def mix_flags(wc):
