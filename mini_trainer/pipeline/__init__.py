@@ -4,7 +4,8 @@
 Modules: `layout` (names, paths, run keys, merged options, evaluation sources), `commands` (flags,
 manifest entries, job resources), `checks` (cross-key config checks through `TrainingArgs`, YAML
 errors with FILE:LINE), `planning` (the plan rule's flags and files), `data` (what each job
-trains on: chat tasks, mixtures, replay), `schema` (the config's training options generated from `TrainingArgs`).
+trains on: chat tasks, mixtures, replay), `schema` (the config's training options generated
+from `TrainingArgs`).
 Every function takes the config first, except those that depend on names alone.
 """
 
