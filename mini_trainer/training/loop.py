@@ -54,7 +54,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.fingerprint import run_fingerprint
     from mini_trainer.training.flops import ModelFlops
     from mini_trainer.training.loss import make_loss_fn
-    from mini_trainer.training.method import make_method
+    from mini_trainer.training.method import MethodContext, make_method, write_description
     from mini_trainer.training.metrics import MetricsLogger, truncate_metrics
     from mini_trainer.training.model_setup import build_model
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler
@@ -80,7 +80,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     # -- model (the method adapts it before sharding)
     method = make_method(args)
     loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
-    model, config = build_model(args, loss_fn, runtime, method)
+    context = MethodContext(runtime=runtime, out=out, resumed_from=resumed_from)
+    model, config = build_model(args, loss_fn, runtime, method, context)
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     device_name = torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else None
     model_flops = ModelFlops.of(model.model, device_name)
@@ -107,6 +108,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
         checkpoint.remove_stale_temp_dirs(out)
         truncate_metrics(out / "metrics.jsonl", progress.step)
         resume.record_start(out, args, resumed_from, progress.step)
+        write_description(method, out)
         log.info(
             "%d samples, %d ranks on %s, %s steps planned",
             len(dataset), runtime.world_size, runtime.device, total_steps or "open-ended",

@@ -9,6 +9,7 @@ shards: no rank ever holds the whole model, so host memory does not grow with th
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from mini_trainer.training import packed_attention
 from mini_trainer.training.attention import pick_attention
 from mini_trainer.training.distributed import Runtime
 from mini_trainer.training.loss import logit_head
+from mini_trainer.training.method import MethodContext
 
 log = logging.getLogger("mini_trainer")
 
@@ -80,11 +82,14 @@ def load_config(model_path: str, attention: str):
     return config
 
 
-def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLoss, object]:
+def build_model(
+    args, loss_fn, runtime: Runtime, method, context: MethodContext | None = None
+) -> tuple[CausalLMWithLoss, object]:
     """The FSDP2-sharded training model and its config, weights loaded from the model folder.
 
-    `method` (training/method.py) adapts the meta-device model before sharding and converts
-    rank 0's dense weights into the adapted model's state before they are broadcast.
+    `method` (training/method.py) adapts the meta-device model before sharding (told about the
+    run by `context`; without one, a fresh start in `args.output_dir`) and converts rank 0's
+    dense weights into the adapted model's state before they are broadcast.
     """
     from transformers import AutoModelForCausalLM
 
@@ -96,7 +101,9 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    method.adapt_model(model)
+    if context is None:
+        context = MethodContext(runtime, Path(args.output_dir), None)
+    method.adapt_model(model, context)
     if args.activation_checkpointing:
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
