@@ -101,8 +101,8 @@ def build_model(
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if context is None:
-        context = MethodContext(runtime, Path(args.output_dir), None)
+    if context is None:  # not a training run (evaluation builds the model without a folder)
+        context = MethodContext(runtime, Path(getattr(args, "output_dir", None) or "."), None)
     method.adapt_model(model, context)
     if args.activation_checkpointing:
         model.activation_checkpointing_enable(
