@@ -12,12 +12,21 @@ Then it checks that the two sides' exports are byte-identical and equal the chec
 
     python benchmarks/load_export.py                      # ~1.1 GB fp32 random Llama, stored bf16
     python benchmarks/load_export.py --model DIR --save-dtype float32   # an existing folder
+
+The adaptive-OSFT case (`--adaptive`) measures rank 0's host memory and time for the layer
+importance of `--osft-rank-mode adaptive` the same way (growth of peak RSS over the RSS before,
+as a share of the model's fp32 size), in one fresh process per side (the measurement runs on
+rank 0 alone, before any collective): the previous whole-model forward against the
+layer-by-layer streaming one, on a sample of random token ids; the importances must be equal.
+
+    python benchmarks/load_export.py --adaptive --repeats 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -80,6 +89,43 @@ def legacy_export(wrapped, config, out: Path, dtype, runtime):
             }
             (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     dist.barrier()
+
+
+def legacy_measure(model_dir: str, data_path: str, seed: int) -> list[float]:
+    """Before: the whole fp32 model with from_pretrained, one forward per sample, hooks."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from mini_trainer.osft.adaptive import sample_inputs
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    samples = sample_inputs(Path(data_path), seed)
+    layers = list(model.get_decoder().layers)
+    sums = torch.zeros(len(layers), dtype=torch.float64)
+    tokens = 0
+    hooks = []
+
+    def record(index):
+        def hook(module, args, kwargs, output):
+            hidden_in = args[0] if args else kwargs["hidden_states"]
+            hidden_out = output[0] if isinstance(output, tuple) else output
+            cosine = torch.nn.functional.cosine_similarity(
+                hidden_in.float(), hidden_out.float(), dim=-1
+            )
+            sums[index] += cosine.double().sum()
+
+        return hook
+
+    for index, layer in enumerate(layers):
+        hooks.append(layer.register_forward_hook(record(index), with_kwargs=True))
+    with torch.no_grad():
+        model.eval()
+        for ids in samples:
+            model(input_ids=torch.tensor([ids]), use_cache=False)
+            tokens += len(ids)
+    for hook in hooks:
+        hook.remove()
+    return (sums / max(tokens, 1)).tolist()
 
 
 # ---------------------------------------------------------------- one side, under torchrun
@@ -165,6 +211,70 @@ def worker(args) -> None:
     shutdown()
 
 
+def adaptive_worker(args) -> None:
+    """One side of the adaptive case, in a fresh process (transformers' model code imported
+    before the measurement on both sides)."""
+    import torch
+    import transformers.models.llama.modeling_llama  # noqa: F401
+
+    from mini_trainer.osft.adaptive import measure
+
+    torch.set_num_threads(1)
+    before, started = rss_kib("VmRSS"), time.perf_counter()
+    reset_peak()
+    run = legacy_measure if args.side == "legacy" else measure
+    importance = run(args.model, args.data, 0)
+    phase = {"s": time.perf_counter() - started, "peak_kib": rss_kib("VmHWM"), "before_kib": before}
+    Path(args.report).write_text(json.dumps({"measure": phase, "importance": importance}))
+
+
+def run_adaptive(model: Path, data: Path, report: Path, side: str) -> dict:
+    command = [
+        sys.executable, __file__, "--adaptive-worker", "--side", side, "--model", str(model),
+        "--data", str(data), "--report", str(report),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    return json.loads(report.read_text())
+
+
+def adaptive_case(model: Path, tmp: Path, args) -> None:
+    """Both sides `--repeats` times, interleaved; medians; the importances compared."""
+    import random
+
+    from mini_trainer.models.loading import checkpoint_tensors
+
+    fp32 = sum(4 * math.prod(entry.shape) for entry in checkpoint_tensors(model).values())
+    rng = random.Random(0)
+    data = tmp / "data.jsonl"
+    with open(data, "w") as handle:
+        for _ in range(64):
+            length = rng.randint(args.sample_tokens // 2, args.sample_tokens)
+            ids = [rng.randrange(args.vocab) for _ in range(length)]
+            handle.write(json.dumps({"input_ids": ids, "labels": ids}) + "\n")
+    rows = {"legacy": [], "streaming": []}
+    for _ in range(args.repeats):
+        for side in rows:
+            rows[side].append(run_adaptive(model, data, tmp / f"{side}.json", side))
+    print(f"model: {fp32 / 1e9:.2f} GB in fp32; 16 samples of {args.sample_tokens // 2}-"
+          f"{args.sample_tokens} tokens; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print("| side | measure s | peak growth | x fp32 |")
+    print("| --- | ---: | ---: | ---: |")
+    for side, results in rows.items():
+        growth = sorted(_growth(r["measure"]) for r in results)
+        seconds = sorted(r["measure"]["s"] for r in results)
+        mid = len(results) // 2
+        print(f"| {side} | {seconds[mid]:.1f} | {growth[mid] / 1e9:.2f} GB "
+              f"| {growth[mid] / fp32:.2f} |")  # fmt: skip
+    legacy, streaming = rows["legacy"][0]["importance"], rows["streaming"][0]["importance"]
+    worst = max(abs(a - b) for a, b in zip(legacy, streaming, strict=True))
+    print(f"importances: largest difference {worst:.2e} over {len(legacy)} layers")
+    if worst > 1e-6:
+        print("MISMATCH: the importances differ")
+        sys.exit(1)
+
+
 # ---------------------------------------------------------------- orchestration
 
 
@@ -235,13 +345,20 @@ def main() -> None:
     parser.add_argument("--stored-dtype", default="bfloat16")
     parser.add_argument("--save-dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--adaptive", action="store_true", help="the adaptive-OSFT case")
+    parser.add_argument("--sample-tokens", type=int, default=256, help="longest sample (adaptive)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--adaptive-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=("legacy", "streaming"), help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
+    parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--report", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
+        return
+    if args.adaptive_worker:
+        adaptive_worker(args)
         return
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
@@ -251,6 +368,9 @@ def main() -> None:
             started = time.perf_counter()
             make_model(model, args)
             print(f"random model written in {time.perf_counter() - started:.0f} s")
+        if args.adaptive:
+            adaptive_case(model, tmp, args)
+            return
         results = {"legacy": [], "streaming": []}
         for repeat in range(args.repeats):
             for side in ("legacy", "streaming"):

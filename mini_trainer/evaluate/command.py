@@ -42,21 +42,19 @@ def run_evaluate(
     if tasks and int(os.environ.get("RANK", "0")) == 0:  # only rank 0 runs the harness
         manager = task_manager(tasks, lm_eval_include)  # bad tasks fail now, not after the eval
 
-    from mini_trainer.training.distributed import broadcast_object, init_runtime, shutdown
+    from mini_trainer.evaluate.lm_eval_tasks import run_lm_eval
+    from mini_trainer.training.distributed import decided_on_main, init_runtime, shutdown
 
     runtime = init_runtime()
     try:
         result = _evaluate(runtime, model, data, max_tokens_per_gpu)
-        if tasks:
-            outcome = None
-            if runtime.is_main:
-                outcome = _lm_eval_outcome(
-                    model, tasks, manager, runtime, lm_eval_batch_size, lm_eval_limit
-                )
-            status, payload = broadcast_object(outcome, runtime)
-            if status == "error":
-                raise UserError(*payload)
-            result["lm_eval"] = payload
+        if tasks:  # only rank 0 runs the harness; every rank gets its scores or its error
+            result["lm_eval"] = decided_on_main(
+                lambda: run_lm_eval(
+                    model, tasks, manager, str(runtime.device), lm_eval_batch_size, lm_eval_limit
+                ),
+                runtime,
+            )
         if runtime.is_main:
             _write(out, result)
         import torch.distributed as dist
@@ -79,16 +77,6 @@ def _evaluate(runtime, model: Path, data: Path, max_tokens_per_gpu: int) -> dict
     result["git_commit"] = source_commit()
     result["timestamp"] = time.time()
     return result
-
-
-def _lm_eval_outcome(model, tasks, manager, runtime, batch_size, limit) -> tuple[str, object]:
-    from mini_trainer.evaluate.lm_eval_tasks import run_lm_eval
-
-    try:
-        device = str(runtime.device)
-        return "ok", run_lm_eval(model, tasks, manager, device, batch_size, limit)
-    except UserError as error:
-        return "error", error.lines
 
 
 def _write(out: Path, result: dict) -> None:

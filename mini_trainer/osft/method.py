@@ -21,14 +21,20 @@ import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch.distributed as dist
 from torch import Tensor, nn
 
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import atomic_write_text
 from mini_trainer.osft import svd
 from mini_trainer.osft.linear import OSFTLinear
 from mini_trainer.osft.targets import candidate_linears, layer_index, select_targets
-from mini_trainer.training.method import is_no_decay, norm_parameter_names
+from mini_trainer.training.distributed import decided_on_main
+from mini_trainer.training.method import (
+    DESCRIPTION_FILE,
+    MethodContext,
+    is_no_decay,
+    norm_parameter_names,
+)
 
 log = logging.getLogger("mini_trainer")
 WRAPPER_PREFIX = "model."
@@ -66,22 +72,21 @@ class OSFT:
 
     # ------------------------------------------------------------------ model
 
-    def adapt_model(self, model: nn.Module) -> None:
+    def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None:
+        if context is None:  # a lone process (tests, benchmarks): a fresh start
+            context = MethodContext(None, Path(self.args.output_dir), None)
         linears = candidate_linears(model)
         names = select_targets(list(linears), self.args.osft_target_patterns)
         shapes = {n: (linears[n].out_features, linears[n].in_features) for n in names}
-        # Rank 0 measures (adaptive) and checks the cache; every rank gets the same answer.
-        outcome, cache = None, None
-        if _rank() == 0:
-            try:
-                outcome = ("ok", self._layer_fractions(model, names))
-                cache = self._open_cache(shapes)
-            except UserError as error:
-                outcome = ("error", error.lines)
-        status, payload = _broadcast(outcome)
-        if status == "error":
-            raise UserError(*payload)
-        self.layers, self.cache = payload, cache
+
+        def decide() -> dict[int, dict]:
+            # Rank 0 measures (adaptive) and checks the cache; every rank gets the layers or the
+            # error. The open cache stays on rank 0: only convert_weights uses it, on rank 0.
+            layers = self._layer_fractions(names, context)
+            self.cache = self._open_cache(shapes)
+            return layers
+
+        self.layers = decided_on_main(decide, context.runtime)
         for name in names:
             rows, cols = shapes[name]
             fraction = self.layers[layer_index(name)]["frozen_fraction"]
@@ -100,20 +105,20 @@ class OSFT:
                 linear.weight.requires_grad_(False)
         if self.args.osft_freeze_non_targets:
             self._freeze_non_targets(model)
-        if _rank() == 0:
-            self._record()
+        if context.is_main:
+            self._record(context.out)
 
-    def _layer_fractions(self, model: nn.Module, names: list[str]) -> dict[int, dict]:
+    def _layer_fractions(self, names: list[str], context: MethodContext) -> dict[int, dict]:
         """Frozen fraction per decoder layer (and its importance in adaptive mode)."""
         indices = sorted({layer_index(n) for n in names})
         args = self.args
         if args.osft_rank_mode == "uniform":
             return {i: {"frozen_fraction": 1.0 - args.osft_unfreeze_rank_ratio} for i in indices}
-        saved = Path(args.output_dir) / RANKS_FILE
-        if args.resume and saved.is_file():  # the ranks the run started with, not new ones
-            layers = json.loads(saved.read_text())["layers"]
-            log.info("osft: adaptive ranks from %s", saved)
-            return {int(i): layer for i, layer in layers.items()}
+        if context.resumed_from is not None:  # the ranks the saved state was trained with
+            saved = saved_layers(context.out)
+            if saved is not None:
+                return saved
+            log.warning("osft: no recorded ranks in %s; measuring them again", context.out)
         from mini_trainer.osft.adaptive import frozen_fraction, measure
 
         importance = measure(args.model_name_or_path, args.data_path, args.seed)
@@ -146,10 +151,9 @@ class OSFT:
             if name not in trained:
                 param.requires_grad_(False)
 
-    def _record(self) -> None:
-        """Log the chosen ranks and write them to OUT/osft_ranks.json."""
-        from mini_trainer.io_utils import atomic_write_text
-
+    def _record(self, out: Path) -> None:
+        """Log the chosen ranks and write them to OUT/osft_ranks.json (the description, kept
+        under its own name too: runs and tools before OUT/method.json read it there)."""
         for index, layer in sorted(self.layers.items()):
             frozen = [t.frozen for n, t in self.targets.items() if layer_index(n) == index]
             ranks = [t.rank for n, t in self.targets.items() if layer_index(n) == index]
@@ -163,7 +167,6 @@ class OSFT:
             "osft: %d targets, %s", len(self.targets),
             "SVD from cache " + self.args.osft_svd_cache if self.cache else "SVD computed here",
         )  # fmt: skip
-        out = Path(self.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / RANKS_FILE, json.dumps(self.describe(), indent=2) + "\n")
 
@@ -260,14 +263,18 @@ class OSFT:
         }
 
 
-def _rank() -> int:
-    return dist.get_rank() if dist.is_initialized() else 0
-
-
-def _broadcast(obj):
-    """Rank 0's `obj` everywhere (pickled), or `obj` itself without a process group."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+def saved_layers(out: Path) -> dict[int, dict] | None:
+    """The adaptive ranks a run in `out` recorded: OUT/method.json (an OSFT description), or
+    OUT/osft_ranks.json (the only record of runs before method.json); None when neither has
+    them."""
+    for name in (DESCRIPTION_FILE, RANKS_FILE):
+        path = out / name
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        layers = recorded.get("layers") if isinstance(recorded, dict) else None
+        if isinstance(layers, dict) and layers and recorded.get("rank_mode") == "adaptive":
+            log.info("osft: adaptive ranks from %s", path)
+            return {int(i): layer for i, layer in layers.items()}
+    return None

@@ -88,10 +88,16 @@ def broadcast_object(obj, runtime: Runtime):
     return box[0]
 
 
-def decided_on_main(decide: Callable[[], T], runtime: Runtime) -> T:
+def decided_on_main(decide: Callable[[], T], runtime: Runtime | None) -> T:
     """`decide()` run on rank 0 only, its result on every rank. A UserError it raises is raised
     on every rank too, so all ranks stop with the same one-line message instead of the others
-    waiting in the next collective."""
+    waiting in the next collective.
+
+    Only the result travels (pickled): what `decide()` keeps for itself (an open cache, say)
+    stays on rank 0. `runtime` None is a lone process without a process group (unit tests,
+    tools): `decide()` simply runs."""
+    if runtime is None:
+        return decide()
     outcome = None
     if runtime.is_main:
         try:

@@ -46,7 +46,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.data_setup import load_dataset
     from mini_trainer.training.fingerprint import run_fingerprint
     from mini_trainer.training.loss import make_loss_fn
-    from mini_trainer.training.method import make_method
+    from mini_trainer.training.method import MethodContext, make_method, write_description
     from mini_trainer.training.metrics import MetricsLogger
     from mini_trainer.training.model_setup import build_model
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler
@@ -75,7 +75,8 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     # -- model (the method adapts it before sharding)
     method = make_method(args)
     loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
-    model, config = build_model(args, loss_fn, runtime, method)
+    context = MethodContext(runtime=runtime, out=out, resumed_from=resumed_from)
+    model, config = build_model(args, loss_fn, runtime, method, context)
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
 
     # -- optimizer
@@ -90,6 +91,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
         validator.load_state_dict(saved.validation)
     if runtime.is_main:
         start_record(out, args, resumed_from, progress.step)
+        write_description(method, out)
         log.info(
             "%d samples, %d ranks on %s, %s steps planned",
             len(dataset), runtime.world_size, runtime.device, total_steps or "open-ended",

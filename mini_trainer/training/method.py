@@ -5,9 +5,13 @@ each called at one named point of a run. Plain full fine-tuning (`FullFineTuning
 them as no-ops or plain defaults; OSFT implements them with its factorization and projections.
 A method never branches the loop: the loop calls every hook on every run.
 
+Every method satisfies the `TrainingMethod` protocol. The one hook that needs facts about the
+run gets them in a `MethodContext` (runtime, output folder, the state resumed from), never from
+globals or the arguments; `describe()` is written to `OUT/method.json` (`write_description`).
+
 Order of the hooks in a run:
-1. `adapt_model(model)`: on the meta-device model, before FSDP2 shards it (swap or add modules,
-   freeze parameters).
+1. `adapt_model(model, context)`: on the meta-device model, before FSDP2 shards it (swap or add
+   modules, freeze parameters); collective: every rank calls it.
 2. `convert_weights(state)`: on rank 0, the dense checkpoint's fp32 tensors become the adapted
    model's state (e.g. dense W to factors); the result is broadcast into the shards.
 3. `param_groups(model, weight_decay)`: what the optimizer trains, and with which decay.
@@ -20,7 +24,65 @@ Order of the hooks in a run:
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
 from torch import Tensor, nn
+
+from mini_trainer.io_utils import atomic_write_text
+from mini_trainer.training.distributed import Runtime
+
+DESCRIPTION_FILE = "method.json"
+"""`OUT/method.json`: the method's `describe()`, beside training_args.json (rank 0, at start)."""
+
+
+@dataclass(frozen=True)
+class MethodContext:
+    """What a method may know about the run it is part of."""
+
+    runtime: Runtime | None
+    """This process in the job; None for a lone process without a process group (tests)."""
+    out: Path
+    """The run's output folder."""
+    resumed_from: Path | None
+    """The saved state this run continues from (`OUT/state/step_K`), or None for a fresh start."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.runtime is None or self.runtime.is_main
+
+
+@runtime_checkable
+class TrainingMethod(Protocol):
+    """The hooks the training loop calls, in the order the module docstring lists."""
+
+    name: str
+
+    def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None: ...
+
+    def convert_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]: ...
+
+    def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]: ...
+
+    def before_optimizer_step(self, model: nn.Module) -> None: ...
+
+    def after_optimizer_step(self, model: nn.Module) -> None: ...
+
+    def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]: ...
+
+    def describe(self) -> dict:
+        """What this method did (JSON-able), once `adapt_model` has run."""
+        ...
+
+
+def write_description(method: TrainingMethod, out: Path) -> Path:
+    """Rank 0: `method.describe()` to `OUT/method.json` (atomically), beside training_args.json."""
+    path = Path(out) / DESCRIPTION_FILE
+    atomic_write_text(path, json.dumps(method.describe(), indent=2) + "\n")
+    return path
+
 
 NO_DECAY_SUFFIXES = ("bias",)
 """Parameter names ending so get no weight decay (as transformers' Trainer does)."""
@@ -66,7 +128,7 @@ class FullFineTuning:
 
     name = "full"
 
-    def adapt_model(self, model: nn.Module) -> None:
+    def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None:
         """Nothing to change: the model trains as loaded."""
 
     def convert_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -89,7 +151,7 @@ class FullFineTuning:
         return {"method": self.name}
 
 
-def make_method(args):
+def make_method(args) -> TrainingMethod:
     """The method the arguments ask for: OSFT with --osft, full fine-tuning otherwise."""
     if args.osft:
         from mini_trainer.osft.method import OSFT

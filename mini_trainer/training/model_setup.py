@@ -9,6 +9,7 @@ shards: no rank ever holds the whole model, so host memory does not grow with th
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -20,6 +21,7 @@ from mini_trainer.training import packed_attention
 from mini_trainer.training.attention import pick_attention
 from mini_trainer.training.distributed import Runtime
 from mini_trainer.training.loss import logit_head
+from mini_trainer.training.method import MethodContext
 
 log = logging.getLogger("mini_trainer")
 
@@ -80,14 +82,19 @@ def load_config(model_path: str, attention: str):
     return config
 
 
-def meta_model(config, args, loss_fn, method, log_main: bool = False) -> CausalLMWithLoss:
-    """The training model on the meta device (no memory): adapted by the method, activation
-    checkpointing set, wrapped with the loss. Also what `mini-trainer plan` counts from."""
+def meta_model(
+    config, args, loss_fn, method, log_main: bool = False, context: MethodContext | None = None
+) -> CausalLMWithLoss:
+    """The training model on the meta device (no memory): adapted by the method (told about the
+    run by `context`; without one, a fresh start in `args.output_dir`), activation checkpointing
+    set, wrapped with the loss. Also what `mini-trainer plan` counts from."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    method.adapt_model(model)
+    if context is None:  # not a training run (evaluation and plan build it without a folder)
+        context = MethodContext(None, Path(getattr(args, "output_dir", None) or "."), None)
+    method.adapt_model(model, context)
     if args.activation_checkpointing:
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
@@ -116,11 +123,14 @@ def fsdp_units(wrapped: CausalLMWithLoss) -> list[nn.Module]:
     return [*decoder_layers(wrapped.model), wrapped]
 
 
-def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLoss, object]:
+def build_model(
+    args, loss_fn, runtime: Runtime, method, context: MethodContext | None = None
+) -> tuple[CausalLMWithLoss, object]:
     """The FSDP2-sharded training model and its config, weights loaded from the model folder.
 
-    `method` (training/method.py) adapts the meta-device model before sharding and converts
-    rank 0's dense weights into the adapted model's state before they are broadcast.
+    `method` (training/method.py) adapts the meta-device model before sharding (told about the
+    run by `context`) and converts rank 0's dense weights into the adapted model's state before
+    they are broadcast.
     """
     model_path = args.model_name_or_path
     attention = pick_attention(runtime)
@@ -128,7 +138,9 @@ def build_model(args, loss_fn, runtime: Runtime, method) -> tuple[CausalLMWithLo
     if runtime.is_main:
         log.info("attention implementation: %s", attention)
 
-    wrapped = meta_model(config, args, loss_fn, method, log_main=runtime.is_main)
+    if context is None:  # not a training run: evaluation builds the model without a folder
+        context = MethodContext(runtime, Path(getattr(args, "output_dir", None) or "."), None)
+    wrapped = meta_model(config, args, loss_fn, method, log_main=runtime.is_main, context=context)
     if getattr(args, "compile", False):  # evaluation's own setup has no such field
         from mini_trainer.training.compile import compile_layers
 
