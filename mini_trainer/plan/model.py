@@ -75,16 +75,16 @@ class PlannedOSFT(OSFT):
     lowest frozen fraction (`--osft-min-frozen-ratio`), the most that can train: an upper bound.
     """
 
-    def _layer_fractions(self, model, names):
+    def _layer_fractions(self, names, context):
         if self.args.osft_rank_mode == "uniform":
-            return super()._layer_fractions(model, names)
+            return super()._layer_fractions(names, context)
         fraction = self.args.osft_min_frozen_ratio
         return {i: {"frozen_fraction": fraction} for i in {layer_index(n) for n in names}}
 
     def _open_cache(self, shapes):
         return None  # the plan needs the ranks, not the factors
 
-    def _record(self):
+    def _record(self, out):
         pass  # a plan writes nothing
 
 
