@@ -1,8 +1,9 @@
 """Pipeline runs shared by several test modules, made at most once per test session.
 
 `full_run`: the whole demo DAG (three methods, a chat task, two stages, evaluation, manifest,
-report) in a temporary copy of the workflow. tests/test_pipeline.py checks what it wrote; tests/test_report.py
-opens its report page in a browser. Session scope, so the suite runs the pipeline once for both.
+report) in a temporary copy of the workflow. tests/test_pipeline.py checks what it wrote;
+tests/test_report.py opens its report page in a browser. Session scope, so the suite runs the
+pipeline once for both.
 """
 
 from __future__ import annotations
