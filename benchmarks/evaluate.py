@@ -69,7 +69,7 @@ def main() -> None:
 
     from mini_trainer.demo.assets import DemoSpec, build_demo_assets
     from mini_trainer.evaluate.runner import evaluate_model
-    from mini_trainer.training.distributed import init_runtime, shutdown
+    from mini_trainer.distributed.runtime import init_runtime, shutdown
 
     hf_logging.set_verbosity_error()
     runtime = init_runtime()

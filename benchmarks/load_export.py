@@ -46,7 +46,7 @@ def legacy_load(wrapped, model_path, config, runtime):
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    from mini_trainer.training.distributed import broadcast_object
+    from mini_trainer.distributed.runtime import broadcast_object
 
     state, buffers = {}, {}
     if runtime.is_main:
@@ -151,7 +151,7 @@ def worker(args) -> None:
     from mini_trainer.models.export import export_hf_weights
     from mini_trainer.models.loading import load_sharded_weights
     from mini_trainer.training import packed_attention
-    from mini_trainer.training.distributed import init_runtime, shutdown
+    from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.training.model_setup import CausalLMWithLoss, decoder_layers, load_config
 
     torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Programmatic training: `run_training(TorchrunArgs(...), TrainingArgs(...))`.
 
-It runs `mini-trainer train --nproc-per-node N ...` (the launcher of training/launcher.py, which
+It runs `mini-trainer train --nproc-per-node N ...` (the launcher of distributed/launcher.py, which
 runs torchrun's elastic agent), with every `TrainingArgs` field turned into its flag by
 `to_cli_args`, streams the job's output, and raises with the output's tail and the job's
 documented exit status (2 user error, 3 diverged, 75 stopped with a state saved, 1 other) when

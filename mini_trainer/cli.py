@@ -420,7 +420,7 @@ def train(train_args: tuple[str, ...]) -> None:
         from mini_trainer.train import main as train_main
 
         sys.exit(train_main(worker_args))
-    from mini_trainer.training.launcher import launch
+    from mini_trainer.distributed.launcher import launch
 
     sys.exit(launch(torchrun_args, worker_args))
 
@@ -672,7 +672,7 @@ def launch(
         os.execvp(plan.argv[0], plan.argv)
     # torchrun's elastic agent in this process, as `train --nproc-per-node` runs it: signals
     # forwarded to the workers, each error printed once, the documented exit status.
-    from mini_trainer.training.launcher import launch as launch_workers
+    from mini_trainer.distributed.launcher import launch as launch_workers
 
     sys.exit(launch_workers(plan.torchrun, flags))
 

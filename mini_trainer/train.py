@@ -59,7 +59,7 @@ def check_output_dir(out: Path, resume: bool | str) -> None:
     """Refuse at once a folder that the job's rank 0 would refuse (run_folder.py's rule, without
     reading state contents); a folder in use by a running job is left to the lock's message."""
     from mini_trainer.training.run_folder import classify, start_decision
-    from mini_trainer.training.run_lock import in_use
+    from mini_trainer.distributed.run_lock import in_use
 
     if not in_use(out):
         start_decision(classify(out, verify_contents=False), resume)
@@ -81,10 +81,10 @@ def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one worker of the job; return its exit status (see training/launcher.py)."""
+    """Run one worker of the job; return its exit status (see distributed/launcher.py)."""
     from mini_trainer.distributed.lifetime import stop_with_parent
-    from mini_trainer.training.distributed import env_world
-    from mini_trainer.training.launcher import write_report
+    from mini_trainer.distributed.runtime import env_world
+    from mini_trainer.distributed.launcher import write_report
 
     rank, local_rank, world_size = env_world()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun's agent: stop if it dies
@@ -142,9 +142,9 @@ def _print_error(error: UserError, rank: int, local_rank: int, started: bool) ->
 
 
 def run(args: TrainingArgs) -> int:
-    from mini_trainer.training.distributed import init_runtime, shutdown
+    from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.training.loop import train
-    from mini_trainer.training.run_lock import release
+    from mini_trainer.distributed.run_lock import release
 
     runtime = init_runtime()
     try:

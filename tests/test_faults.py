@@ -141,7 +141,7 @@ def _load(model):
     """Build the training model from `model` in a world of one process, as `train` does."""
     from types import SimpleNamespace
 
-    from mini_trainer.training.distributed import init_runtime, shutdown
+    from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.method import FullFineTuning
     from mini_trainer.training.model_setup import build_model

@@ -22,7 +22,7 @@ from conftest import (
 )
 
 from mini_trainer.errors import UserError
-from mini_trainer.training.launcher import exit_status
+from mini_trainer.distributed.launcher import exit_status
 from mini_trainer.training_args import TorchrunArgs, split_launcher_args
 
 

@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from mini_trainer.osft import svd
 from mini_trainer.osft.method import OSFT, RANKS_FILE
-from mini_trainer.training.distributed import decided_on_main
+from mini_trainer.distributed.runtime import decided_on_main
 from mini_trainer.training.method import (
     DESCRIPTION_FILE,
     FullFineTuning,

@@ -206,7 +206,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])  # SIGUSR1: test_launcher
 def test_signal_saves_state_and_exits_with_documented_status(demo_dir, tmp_path, signum):
-    from mini_trainer.training.preemption import EXIT_PREEMPTED
+    from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 
     out = tmp_path / "run"
     argv = [

@@ -1,1 +1,7 @@
-"""Launching the training job's processes: torchrun from a cluster scheduler's environment."""
+"""The job's processes: process group and device (`runtime`), launching and supervising the
+workers (`launcher`, `slurm`), the output folder's lock (`run_lock`), stop signals
+(`preemption`) and worker lifetime (`lifetime`).
+
+Imports run one way: training, models, OSFT and evaluation import this package; it imports none
+of them (tests/test_imports.py).
+"""

@@ -43,7 +43,7 @@ def run_evaluate(
         manager = task_manager(tasks, lm_eval_include)  # bad tasks fail now, not after the eval
 
     from mini_trainer.evaluate.lm_eval_tasks import run_lm_eval
-    from mini_trainer.training.distributed import decided_on_main, init_runtime, shutdown
+    from mini_trainer.distributed.runtime import decided_on_main, init_runtime, shutdown
 
     runtime = init_runtime()
     try:

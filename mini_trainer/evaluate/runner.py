@@ -27,7 +27,7 @@ import torch
 
 from mini_trainer.errors import UserError
 from mini_trainer.models.safetensors_file import check_weight_files
-from mini_trainer.training.distributed import Runtime
+from mini_trainer.distributed.runtime import Runtime
 
 log = logging.getLogger("mini_trainer")
 
@@ -51,7 +51,7 @@ def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtim
     """Rank 0 validates the file exactly as `mini-trainer validate` does; every rank gets it."""
     from mini_trainer.data.dataset import IndexedJsonlDataset
     from mini_trainer.data.validate import build_index, read_vocab_size
-    from mini_trainer.training.distributed import decided_on_main
+    from mini_trainer.distributed.runtime import decided_on_main
 
     vocab_size = read_vocab_size(model_path)
 
@@ -100,7 +100,7 @@ def evaluate_loaded(
     """
     from mini_trainer.batching.collator import collate_packed, plan_step
     from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
-    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.distributed.runtime import all_reduce_max, all_reduce_sum
 
     stats_fn = stats_fn or chunked_eval_stats
     plan = plan_step(

@@ -46,7 +46,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
     """Write the cache folder `out` for `model_dir`; return its meta (rank 0; None elsewhere)."""
     import torch.distributed as dist
 
-    from mini_trainer.training.distributed import broadcast_object, init_runtime
+    from mini_trainer.distributed.runtime import broadcast_object, init_runtime
 
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")

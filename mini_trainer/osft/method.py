@@ -28,7 +28,7 @@ from mini_trainer.io_utils import atomic_write_text
 from mini_trainer.osft import svd
 from mini_trainer.osft.linear import OSFTLinear
 from mini_trainer.osft.targets import candidate_linears, layer_index, select_targets
-from mini_trainer.training.distributed import decided_on_main
+from mini_trainer.distributed.runtime import decided_on_main
 from mini_trainer.training.method import (
     DESCRIPTION_FILE,
     MethodContext,

@@ -21,7 +21,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from mini_trainer.io_utils import atomic_path, publish_dir
-from mini_trainer.training.distributed import Runtime, broadcast_object
+from mini_trainer.distributed.runtime import Runtime, broadcast_object
 from mini_trainer.training.run_folder import state_dirs
 from mini_trainer.training.state_checksums import write_checksums
 from mini_trainer.training.trainer_state import TRAINER_STATE, TrainerState

@@ -15,7 +15,7 @@ def load_dataset(args: TrainingArgs, runtime):
     from mini_trainer.data.dataset import IndexedJsonlDataset
     from mini_trainer.data.index_file import index_fit_problem, read_index_metadata
     from mini_trainer.data.validate import build_index, read_vocab_size
-    from mini_trainer.training.distributed import decided_on_main
+    from mini_trainer.distributed.runtime import decided_on_main
 
     vocab_size = read_vocab_size(args.model_name_or_path)  # every line read is checked against it
     if args.data_index:

@@ -15,7 +15,7 @@ import math
 import torch
 
 from mini_trainer.errors import UserError
-from mini_trainer.training.distributed import Runtime, all_reduce_max
+from mini_trainer.distributed.runtime import Runtime, all_reduce_max
 
 EXIT_DIVERGED = 3
 """Exit status of a run stopped by a non-finite loss, gradient norm or weight."""

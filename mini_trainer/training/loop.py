@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from mini_trainer.errors import UserError
-from mini_trainer.training.distributed import Runtime
+from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.training.trainer_state import Progress, TrainerState
 from mini_trainer.training_args import TrainingArgs
 
@@ -50,10 +50,10 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     from mini_trainer.training.metrics import MetricsLogger
     from mini_trainer.training.model_setup import build_model
     from mini_trainer.training.optimizer import build_optimizer, build_scheduler
-    from mini_trainer.training.preemption import EXIT_PREEMPTED, StopRequest
+    from mini_trainer.distributed.preemption import EXIT_PREEMPTED, StopRequest
     from mini_trainer.training.prefetch import StepPrefetcher
     from mini_trainer.training.run_folder import recording_bad_input
-    from mini_trainer.training.run_lock import lock_output_dir
+    from mini_trainer.distributed.run_lock import lock_output_dir
     from mini_trainer.training.stopping import finished, planned_steps
     from mini_trainer.training.validation import Validator
 
@@ -281,7 +281,7 @@ def train_step(
     """One optimizer step over this rank's micro-batches of `plan`: forward/backward each, then
     update. No host sync until the step's end: boundaries and loss rows come from the host."""
     from mini_trainer.training.attention import attention_kwargs
-    from mini_trainer.training.distributed import all_reduce_max, all_reduce_sum
+    from mini_trainer.distributed.runtime import all_reduce_max, all_reduce_sum
     from mini_trainer.training.divergence import check_step
     from mini_trainer.training.metrics import peak_memory_gb
     from mini_trainer.training.optimizer import finish_gradients

@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 from torch import Tensor, nn
 
 from mini_trainer.io_utils import atomic_write_text
-from mini_trainer.training.distributed import Runtime
+from mini_trainer.distributed.runtime import Runtime
 
 DESCRIPTION_FILE = "method.json"
 """`OUT/method.json`: the method's `describe()`, beside training_args.json (rank 0, at start)."""

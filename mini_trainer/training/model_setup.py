@@ -19,7 +19,7 @@ from mini_trainer.errors import UserError
 from mini_trainer.models.loading import load_sharded_weights
 from mini_trainer.training import packed_attention
 from mini_trainer.training.attention import pick_attention
-from mini_trainer.training.distributed import Runtime
+from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.training.loss import logit_head
 from mini_trainer.training.method import MethodContext
 

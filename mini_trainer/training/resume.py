@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mini_trainer.errors import UserError
 from mini_trainer.training import run_folder
-from mini_trainer.training.distributed import Runtime, decided_on_main
+from mini_trainer.distributed.runtime import Runtime, decided_on_main
 from mini_trainer.training.fingerprint import MAY_CHANGE_ON_RESUME, differences
 from mini_trainer.training.run_folder import damage  # noqa: F401 (re-exported for callers)
 from mini_trainer.training.trainer_state import TrainerState

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mini_trainer.errors import UserError
-from mini_trainer.training.distributed import Runtime, decided_on_main
+from mini_trainer.distributed.runtime import Runtime, decided_on_main
 
 
 def find_os_error(error: BaseException) -> OSError | None:

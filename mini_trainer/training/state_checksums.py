@@ -20,7 +20,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from mini_trainer.io_utils import file_sha256
-from mini_trainer.training.distributed import Runtime, broadcast_object
+from mini_trainer.distributed.runtime import Runtime, broadcast_object
 
 CHECKSUMS = "checksums.json"
 

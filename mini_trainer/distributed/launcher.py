@@ -67,7 +67,7 @@ def exit_status(reports: list[dict], failures: dict[int, int]) -> tuple[int, lis
     A user error anywhere wins over the crashes it causes on the other ranks (they lose their
     peer); then a preemption (75); then the first crash; then any other failing exit code.
     """
-    from mini_trainer.training.preemption import EXIT_PREEMPTED
+    from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 
     with_lines = [report for report in reports if report["lines"]]
     if with_lines:
