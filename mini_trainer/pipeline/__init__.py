@@ -3,7 +3,7 @@
 `workflow/rules/common.smk` binds them to Snakemake's `config`; the rules only place the results.
 Modules: `layout` (names, paths, run keys, merged options, evaluation sources), `commands` (flags,
 manifest entries, job resources), `checks` (cross-key config checks through `TrainingArgs`, YAML
-errors with FILE:LINE), `planning` (the plan rule's flags and files), `data` (what each job
+errors with FILE:LINE), `planning` (the plan rule's options and files), `data` (what each job
 trains on: chat tasks, mixtures, replay), `schema` (the config's training options generated
 from `TrainingArgs`).
 Every function takes the config first, except those that depend on names alone.
@@ -24,6 +24,7 @@ from mini_trainer.pipeline.commands import (
     manifest_inputs,
     mix_flags,
     mix_input_files,
+    plan_flags,
     rule_resource,
     rule_threads,
     torchrun_launcher,
@@ -70,12 +71,7 @@ from mini_trainer.pipeline.layout import (
     training_options,
     validation_file,
 )
-from mini_trainer.pipeline.planning import (
-    plan_file,
-    plan_flags,
-    plan_needed,
-    plan_training_options,
-)
+from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
 
 __all__ = [
     "MODEL_RECORD",

@@ -18,27 +18,16 @@ import yaml
 
 from mini_trainer.errors import UserError
 from mini_trainer.pipeline.data import DataConfigError, check_data_config
+from mini_trainer.pipeline.errors import ConfigError
 from mini_trainer.pipeline.layout import (
     DEMO_TASKS,
     Config,
-    PipelineError,
     lr_str,
     run_dir,
     training_options,
     validation_file,
 )
 from mini_trainer.training_args import TrainingArgs
-
-
-class ConfigError(PipelineError):
-    """A config problem, as one line: `config: KEY: reason` (or `FILE:LINE: reason`)."""
-
-    def __init__(self, key: str, reason: str):
-        super().__init__(f"{key}: {reason}")
-        self.line = f"{key}: {reason}"
-
-    def __str__(self) -> str:
-        return self.line
 
 
 def read_config_file(path: str | Path) -> Any:
@@ -152,6 +141,7 @@ def _check_gpus(config: Config) -> None:
             "the plan rule checks that every method fits before training)",
         )
     if launch.get("gpu"):
+        # deferred: torch (training/flops.py); the config check loads it only for launch.gpu
         from mini_trainer.training.flops import peak_flops
 
         if peak_flops(launch["gpu"]) is None:

@@ -8,11 +8,12 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from mini_trainer.pipeline.hub import model_input
+from mini_trainer.pipeline.hub import model_flags, model_input
 from mini_trainer.pipeline.layout import (
     Config,
     PipelineError,
     all_eval_jsons,
+    base_model,
     data_index,
     data_summary,
     eval_json,
@@ -31,7 +32,7 @@ from mini_trainer.pipeline.layout import (
     train_file,
     validation_file,
 )
-from mini_trainer.pipeline.planning import plan_file, plan_needed
+from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
 
 
 def cli_flags(options: dict[str, Any]) -> str:
@@ -48,6 +49,22 @@ def cli_flags(options: dict[str, Any]) -> str:
         else:
             parts += [flag, str(value)]
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def plan_flags(config: Config, method: str) -> str:
+    """The flags of `mini-trainer plan` for `method` on the configured GPUs, `--require-fit`
+    included (exit status 4 when the peak does not fit)."""
+    launch = config["launch"]
+    parts = [
+        model_flags(config, base_model(config)),
+        f"--nodes {launch['nodes']}",
+        f"--gpus-per-node {launch['gpus_per_node']}",
+        f"--gpu-memory-gib {launch['gpu_memory_gib']}",
+    ]
+    if launch.get("gpu"):
+        parts.append(f"--gpu {shlex.quote(launch['gpu'])}")
+    parts += ["--require-fit", cli_flags(plan_training_options(config, method))]
+    return " ".join(parts)
 
 
 def torchrun_launcher(config: Config) -> str:

@@ -12,8 +12,14 @@ from __future__ import annotations
 import functools
 import os
 import shlex
+from typing import TYPE_CHECKING
 
-from mini_trainer.pipeline.layout import Config, base_model
+from mini_trainer.errors import UserError
+from mini_trainer.models.hub import lookup_commit
+from mini_trainer.pipeline.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mini_trainer.pipeline.layout import Config
 
 MODEL_RECORD = "results/model/base.json"
 """The resolve_model rule's output: snapshot folder, Hub id, revision and commit."""
@@ -26,8 +32,6 @@ def hub_model(config: Config) -> tuple[str, str] | None:
         return None
     commit, problem = _lookup(config["model"], _revision(config))
     if problem:
-        from mini_trainer.pipeline.checks import ConfigError
-
         raise ConfigError("config: model", problem)
     return config["model"], commit
 
@@ -43,9 +47,6 @@ def _revision(config: Config) -> str:
 @functools.cache
 def _lookup(model: str, revision: str) -> tuple[str | None, str | None]:
     """(commit, None), or (None, the one-line problem)."""
-    from mini_trainer.errors import UserError
-    from mini_trainer.models.hub import lookup_commit
-
     try:
         return lookup_commit(model, revision), None
     except UserError as error:
@@ -55,7 +56,7 @@ def _lookup(model: str, revision: str) -> tuple[str | None, str | None]:
 def model_revision(config: Config, path: str) -> str | None:
     """The revision a job reading model `path` is pinned to: the Hub model's commit (the
     configured revision while it cannot be looked up: `hub_model` reports that), else None."""
-    if not _is_hub(config) or path != base_model(config):
+    if not _is_hub(config) or path != config["model"]:  # a Hub id is its own base model
         return None
     return _lookup(config["model"], _revision(config))[0] or _revision(config)
 

@@ -23,9 +23,9 @@ import json
 import os
 from typing import Any
 
-from snakemake.exceptions import WorkflowError
-
 from mini_trainer.pipeline import data
+from mini_trainer.pipeline.errors import PipelineError
+from mini_trainer.pipeline.hub import model_revision
 
 Config = dict[str, Any]
 
@@ -35,10 +35,6 @@ DEMO_DIR = "resources/demo"
 DEMO_TASKS = ["sort", "sort_desc", "sort_plus1"]
 BASE = "base"
 RUN_KEY_LENGTH = 10
-
-
-class PipelineError(WorkflowError):
-    """A wildcard or target that the config does not define (Snakemake prints it, no trace)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,11 +225,9 @@ def _stage_options(
         learning_rate=lr_value(config, method, lr),
         save_final_checkpoint=True,
     )
-    if previous_run is None:
-        from mini_trainer.pipeline.hub import model_revision
-
-        if revision := model_revision(config, options["model_name_or_path"]):
-            options["model_revision"] = revision  # a Hub model, pinned (and in the run key)
+    revision = model_revision(config, options["model_name_or_path"])
+    if previous_run is None and revision:
+        options["model_revision"] = revision  # a Hub model, pinned (and in the run key)
     validation = validation_file(config, task)
     if validation:  # best/ is always kept, so evaluation.checkpoint retrains nothing
         options.update(validation_data_path=validation, save_best=True)

@@ -10,12 +10,10 @@ configs (`launch.gpus_per_node: 0`) have no plan job.
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from mini_trainer.pipeline.checks import VALIDATION_OPTIONS
-from mini_trainer.pipeline.hub import model_flags
-from mini_trainer.pipeline.layout import Config, base_model, method_options
+from mini_trainer.pipeline.layout import Config, method_options
 
 PLAN_DIR = "results/plan"
 
@@ -36,21 +34,3 @@ def plan_training_options(config: Config, method: str) -> dict[str, Any]:
     given, and a validation pass, without gradients, never sets the training step's peak)."""
     options = method_options(config, method)
     return {k: v for k, v in options.items() if k not in VALIDATION_OPTIONS}
-
-
-def plan_flags(config: Config, method: str) -> str:
-    """The flags of `mini-trainer plan` for `method` on the configured GPUs, `--require-fit`
-    included (exit status 4 when the peak does not fit)."""
-    from mini_trainer.pipeline.commands import cli_flags
-
-    launch = config["launch"]
-    parts = [
-        model_flags(config, base_model(config)),
-        f"--nodes {launch['nodes']}",
-        f"--gpus-per-node {launch['gpus_per_node']}",
-        f"--gpu-memory-gib {launch['gpu_memory_gib']}",
-    ]
-    if launch.get("gpu"):
-        parts.append(f"--gpu {shlex.quote(launch['gpu'])}")
-    parts += ["--require-fit", cli_flags(plan_training_options(config, method))]
-    return " ".join(parts)

@@ -4,7 +4,7 @@
 # with the plan's table in the log, instead of out of memory after the queue wait and the model
 # load. One job per method (every lr and stage has the same options and architecture); the
 # train rule takes its table as input only when gpus_per_node > 0, so CPU configs have no plan
-# job. Flags and paths: mini_trainer/pipeline/planning.py.
+# job. Flags: mini_trainer/pipeline/commands.py; paths: mini_trainer/pipeline/planning.py.
 
 
 rule plan:

@@ -1,0 +1,20 @@
+"""The pipeline's errors: Snakemake prints them as one message, without a traceback."""
+
+from __future__ import annotations
+
+from snakemake.exceptions import WorkflowError
+
+
+class PipelineError(WorkflowError):
+    """A wildcard or target that the config does not define (Snakemake prints it, no trace)."""
+
+
+class ConfigError(PipelineError):
+    """A config problem, as one line: `config: KEY: reason` (or `FILE:LINE: reason`)."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"{key}: {reason}")
+        self.line = f"{key}: {reason}"
+
+    def __str__(self) -> str:
+        return self.line
