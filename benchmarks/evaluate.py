@@ -68,8 +68,8 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     from mini_trainer.demo.assets import DemoSpec, build_demo_assets
-    from mini_trainer.evaluate.runner import evaluate_model
     from mini_trainer.distributed.runtime import init_runtime, shutdown
+    from mini_trainer.evaluate.runner import evaluate_model
 
     hf_logging.set_verbosity_error()
     runtime = init_runtime()

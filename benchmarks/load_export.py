@@ -148,10 +148,10 @@ def worker(args) -> None:
     from torch.distributed.fsdp import fully_shard
     from transformers import AutoModelForCausalLM
 
+    from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.models.export import export_hf_weights
     from mini_trainer.models.loading import load_sharded_weights
     from mini_trainer.training import packed_attention
-    from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.training.model_setup import CausalLMWithLoss, decoder_layers, load_config
 
     torch.set_num_threads(1)

@@ -29,9 +29,9 @@ from types import SimpleNamespace
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from mini_trainer.method import FullFineTuning
 from mini_trainer.osft.build import build_cache
 from mini_trainer.osft.method import OSFT
-from mini_trainer.training.method import FullFineTuning
 
 
 def build_model(folder: Path) -> LlamaConfig:

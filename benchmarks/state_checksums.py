@@ -40,8 +40,8 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from mini_trainer.training import checkpoint, run_folder
     from mini_trainer.distributed.runtime import init_runtime, shutdown
+    from mini_trainer.training import checkpoint, run_folder
     from mini_trainer.training.trainer_state import Progress, TrainerState
 
     torch.set_num_threads(1)

@@ -52,8 +52,8 @@ def demo_assets(tmp: Path) -> tuple[Path, Path, Path]:
 
 
 def throughput(repeats: int) -> None:
-    from mini_trainer.evaluate.runner import evaluate_model
     from mini_trainer.distributed.runtime import init_runtime, shutdown
+    from mini_trainer.evaluate.runner import evaluate_model
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.method import make_method
     from mini_trainer.training.model_setup import build_model

@@ -11,10 +11,12 @@ __all__ = ["TorchrunArgs", "TrainingArgs", "TrainingFailed", "run_training", "__
 
 def __getattr__(name: str):
     if name in ("run_training", "TrainingFailed"):
+        # deferred: every submodule import runs this file; the API loads on first use
         from mini_trainer import api_train
 
         return getattr(api_train, name)
     if name in ("TrainingArgs", "TorchrunArgs"):
+        # deferred: as above
         from mini_trainer import training_args
 
         return getattr(training_args, name)

@@ -33,8 +33,8 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor, nn
 
-from mini_trainer.io_utils import atomic_write_text
 from mini_trainer.distributed.runtime import Runtime
+from mini_trainer.io_utils import atomic_write_text
 
 DESCRIPTION_FILE = "method.json"
 """`OUT/method.json`: the method's `describe()`, beside training_args.json (rank 0, at start)."""
@@ -151,4 +151,3 @@ class FullFineTuning:
     def describe(self) -> dict:
         """What this method did, for the run's records (written beside training_args.json)."""
         return {"method": self.name}
-

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -481,8 +482,6 @@ def _join_negative_numbers(argv: list[str]) -> list[str]:
 
 def parse_training_args(argv: list[str] | None = None) -> TrainingArgs:
     """Parse flags into a validated `TrainingArgs` (argparse exits 2 on unknown flags)."""
-    import sys
-
     argv = _join_negative_numbers(list(sys.argv[1:] if argv is None else argv))
     namespace = build_parser().parse_args(argv)
     return TrainingArgs(**vars(namespace))

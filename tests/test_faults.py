@@ -142,8 +142,8 @@ def _load(model):
     from types import SimpleNamespace
 
     from mini_trainer.distributed.runtime import init_runtime, shutdown
+    from mini_trainer.method import FullFineTuning
     from mini_trainer.training.loss import make_loss_fn
-    from mini_trainer.training.method import FullFineTuning
     from mini_trainer.training.model_setup import build_model
 
     args = SimpleNamespace(

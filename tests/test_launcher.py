@@ -21,8 +21,8 @@ from conftest import (
     subprocess_env,
 )
 
-from mini_trainer.errors import UserError
 from mini_trainer.distributed.launcher import exit_status
+from mini_trainer.errors import UserError
 from mini_trainer.training_args import TorchrunArgs, split_launcher_args
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mini_trainer.training.method import FullFineTuning, decay_param_groups
+from mini_trainer.method import FullFineTuning, decay_param_groups
 
 
 def tiny_llama(**overrides) -> LlamaForCausalLM:

@@ -11,17 +11,17 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from mini_trainer.osft import svd
-from mini_trainer.osft.method import OSFT, RANKS_FILE
 from mini_trainer.distributed.runtime import decided_on_main
-from mini_trainer.training.method import (
+from mini_trainer.method import (
     DESCRIPTION_FILE,
     FullFineTuning,
     MethodContext,
     TrainingMethod,
-    make_method,
     write_description,
 )
+from mini_trainer.osft import svd
+from mini_trainer.osft.method import OSFT, RANKS_FILE
+from mini_trainer.training.method import make_method
 
 
 def tiny_llama(layers=3) -> LlamaForCausalLM:

@@ -13,9 +13,9 @@ import pytest
 import torch
 from conftest import REPO_ROOT, base_flags, run_cli
 
+from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.errors import UserError
 from mini_trainer.training.checkpoint_policy import Due, checkpoints_due
-from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.training.resume import choose_state
 from mini_trainer.training.run_folder import (
     MOVE_ASIDE,

@@ -62,6 +62,7 @@ def write_index(df: pd.DataFrame, summary: dict, out_index, out_summary) -> None
 
     `summary["data_fingerprint"]` (set by `build_index`) goes into the parquet schema metadata.
     """
+    # deferred: pyarrow; the CLI imports this module for every command
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -82,6 +83,7 @@ def write_index(df: pd.DataFrame, summary: dict, out_index, out_summary) -> None
 
 def read_index_metadata(index_path: str | os.PathLike) -> dict:
     """The metadata `write_index` stored, or `UserError` if the file is not such an index."""
+    # deferred: pyarrow (see write_index)
     import pyarrow.parquet as pq
 
     try:
@@ -128,6 +130,7 @@ def stale_reason(recorded: dict, data_path: str | os.PathLike) -> str | None:
 
 def read_index(index_path: str | os.PathLike, data_path: str | os.PathLike) -> pd.DataFrame:
     """Read an index and check that it still describes `data_path`; `UserError` otherwise."""
+    # deferred: pyarrow (see write_index)
     import pyarrow.parquet as pq
 
     metadata = read_index_metadata(index_path)

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from tqdm import tqdm
+
 PROGRESS_EVERY_BYTES = 4 << 20
 
 
@@ -32,8 +34,6 @@ def iter_lines(
     path = Path(path)
     bar = None
     if progress_enabled(progress):
-        from tqdm import tqdm
-
         bar = tqdm(
             total=path.stat().st_size,
             unit="B",

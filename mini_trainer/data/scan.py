@@ -10,12 +10,14 @@ plus its part of the index.
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from mini_trainer.data.checks import check_line
 from mini_trainer.data.lines import progress_enabled
@@ -176,8 +178,6 @@ def scan_file(
     workers = min(workers or default_workers(), len(tasks))
     bar = None
     if progress_enabled(progress):
-        from tqdm import tqdm
-
         bar = tqdm(total=size, unit="B", unit_scale=True, desc=Path(path).name, file=sys.stderr)
     results = []
     try:
@@ -185,8 +185,6 @@ def scan_file(
             outputs = map(scan_range, tasks)
             pool = None
         else:
-            import multiprocessing
-
             # spawn, not fork: the caller (a training process) may hold threads and CUDA state.
             pool = multiprocessing.get_context("spawn").Pool(workers)
             outputs = pool.imap(scan_range, tasks)

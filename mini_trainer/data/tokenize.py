@@ -12,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from jinja2 import TemplateError
+
 from mini_trainer.data.chat import tokenize_conversation
 from mini_trainer.data.checks import describe, parse_json_line
 from mini_trainer.data.lines import iter_lines
@@ -38,6 +40,7 @@ class TokenizeResult:
 
 def load_chat_tokenizer(model_path: str | os.PathLike):
     """The model folder's tokenizer; `UserError` if it is missing or has no chat template."""
+    # deferred: transformers (~2 s); the CLI imports this module for every command
     from transformers import AutoTokenizer
 
     try:
@@ -100,8 +103,6 @@ def tokenize_jsonl(
     problem, and then `out_path` is not written. With `vocab_size` (the model's), a token id
     the model has no embedding for is an error too, so the output always passes `validate`.
     """
-    from jinja2 import TemplateError
-
     if on_long not in ON_LONG:
         raise ValueError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
     log = ProblemLog(str(in_path))

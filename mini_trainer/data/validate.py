@@ -104,7 +104,8 @@ def build_index(
         )
     hints = [long_hint.replace("{count}", str(scan.too_long))] if scan.too_long else []
     log.raise_if_any(outcome, hints)
-    import pandas as pd  # here: a failing run (the common interactive case) never pays for it
+    # deferred: pandas; a failing run (the common interactive case) never pays for it
+    import pandas as pd
 
     index = pd.DataFrame({name: scan.rows[:, i] for i, name in enumerate(INDEX_COLUMNS)})
     lengths = index["len"].to_numpy()

@@ -11,6 +11,11 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers.utils import logging as hf_logging
+
 from mini_trainer.data.chat import tokenize_conversation
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.demo.tasks import TASKS, corpus_lines, make_conversation
@@ -54,9 +59,6 @@ class DemoSpec:
 
 def build_tokenizer(spec: DemoSpec):
     """Train a byte-level BPE tokenizer on the demo corpus; return a transformers tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -79,9 +81,6 @@ def build_tokenizer(spec: DemoSpec):
 
 def build_model(spec: DemoSpec, tokenizer):
     """A randomly initialised Llama sized by `spec`, seeded for determinism."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
@@ -136,8 +135,6 @@ def build_demo_assets(
     check_writable(out, "--out")
     tokenizer = build_tokenizer(spec)
     model = build_model(spec, tokenizer)
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # a sub-second write needs no bar
     with atomic_path(out / "model", is_dir=True) as model_dir:
         model.save_pretrained(model_dir)

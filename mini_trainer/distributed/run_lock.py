@@ -15,8 +15,8 @@ import os
 import socket
 from pathlib import Path
 
-from mini_trainer.errors import UserError
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
+from mini_trainer.errors import UserError
 
 LOCK_NAME = ".lock"
 _held: list[int] = []  # descriptors kept open (and so locked) until the process exits

@@ -12,7 +12,16 @@ import os
 import time
 from pathlib import Path
 
+import torch.distributed as dist
+
+from mini_trainer.data.outputs import check_outputs
+from mini_trainer.distributed.runtime import decided_on_main, init_runtime, shutdown
 from mini_trainer.errors import UserError
+from mini_trainer.evaluate.lm_eval_tasks import parse_task_list, run_lm_eval, task_manager
+from mini_trainer.evaluate.runner import check_inputs, evaluate_model
+from mini_trainer.io_utils import atomic_write_text
+from mini_trainer.models.hub import hub_source
+from mini_trainer.versions import package_versions, source_commit
 
 log = logging.getLogger("mini_trainer")
 
@@ -29,10 +38,6 @@ def run_evaluate(
     force: bool = False,
 ) -> dict:
     """Evaluate `model` on `data` (and harness tasks); write `out` atomically; return the dict."""
-    from mini_trainer.data.outputs import check_outputs
-    from mini_trainer.evaluate.lm_eval_tasks import parse_task_list, task_manager
-    from mini_trainer.evaluate.runner import check_inputs
-
     check_outputs({"--out": out}, [data], force)
     check_inputs(model, data)
     tasks = parse_task_list(lm_eval_tasks)
@@ -41,9 +46,6 @@ def run_evaluate(
     manager = None
     if tasks and int(os.environ.get("RANK", "0")) == 0:  # only rank 0 runs the harness
         manager = task_manager(tasks, lm_eval_include)  # bad tasks fail now, not after the eval
-
-    from mini_trainer.evaluate.lm_eval_tasks import run_lm_eval
-    from mini_trainer.distributed.runtime import decided_on_main, init_runtime, shutdown
 
     runtime = init_runtime()
     try:
@@ -57,8 +59,6 @@ def run_evaluate(
             )
         if runtime.is_main:
             _write(out, result)
-        import torch.distributed as dist
-
         dist.barrier()  # no rank exits before the file is there
         return result
     finally:
@@ -66,10 +66,6 @@ def run_evaluate(
 
 
 def _evaluate(runtime, model: Path, data: Path, max_tokens_per_gpu: int) -> dict:
-    from mini_trainer.evaluate.runner import evaluate_model
-    from mini_trainer.models.hub import hub_source
-    from mini_trainer.versions import package_versions, source_commit
-
     result = evaluate_model(model, data, runtime, max_tokens_per_gpu)
     if source := hub_source(model):  # a Hub model: which commit was evaluated
         result["model_hub_id"], result["model_commit"] = source["hub_id"], source["commit"]
@@ -80,8 +76,6 @@ def _evaluate(runtime, model: Path, data: Path, max_tokens_per_gpu: int) -> dict
 
 
 def _write(out: Path, result: dict) -> None:
-    from mini_trainer.io_utils import atomic_write_text
-
     atomic_write_text(out, json.dumps(result, indent=2) + "\n")
     log.info("wrote %s", out)
 

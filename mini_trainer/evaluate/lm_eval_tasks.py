@@ -34,6 +34,7 @@ def parse_task_list(text: str | None) -> list[str]:
 def import_lm_eval():
     """The `lm_eval` module, or a UserError that names the extra to install."""
     try:
+        # deferred: optional dependency (the eval extra)
         import lm_eval
         from lm_eval import evaluator  # noqa: F401
     except ImportError as error:
@@ -68,6 +69,7 @@ def task_manager(tasks: list[str], include_path: Path | None):
     for name in OFFLINE_VARIABLES:
         os.environ.setdefault(name, "1")
     import_lm_eval()
+    # deferred: optional dependency (the eval extra)
     from lm_eval.tasks import TaskManager
 
     if include_path is not None:
@@ -96,6 +98,7 @@ def run_lm_eval(
 
     `manager` comes from `task_manager(tasks, ...)`.
     """
+    # deferred: optional dependency (the eval extra)
     from lm_eval import evaluator
 
     dtype = "bfloat16" if device.startswith("cuda") else "float32"

@@ -25,9 +25,20 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from mini_trainer.batching.collator import collate_packed, plan_step
+from mini_trainer.data.dataset import IndexedJsonlDataset
+from mini_trainer.data.validate import build_index, read_vocab_size
+from mini_trainer.distributed.runtime import (
+    Runtime,
+    all_reduce_max,
+    all_reduce_sum,
+    decided_on_main,
+)
 from mini_trainer.errors import UserError
+from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
+from mini_trainer.method import FullFineTuning
 from mini_trainer.models.safetensors_file import check_weight_files
-from mini_trainer.distributed.runtime import Runtime
+from mini_trainer.training.model_setup import build_model
 
 log = logging.getLogger("mini_trainer")
 
@@ -49,10 +60,6 @@ def check_inputs(model_path: Path, data_path: Path) -> None:
 
 def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtime: Runtime):
     """Rank 0 validates the file exactly as `mini-trainer validate` does; every rank gets it."""
-    from mini_trainer.data.dataset import IndexedJsonlDataset
-    from mini_trainer.data.validate import build_index, read_vocab_size
-    from mini_trainer.distributed.runtime import decided_on_main
-
     vocab_size = read_vocab_size(model_path)
 
     def index_on_main():
@@ -69,10 +76,6 @@ def evaluate_model(
     chunk_size: int | None = None,
 ) -> dict:
     """The metrics of `model_path` on `data_path`, the same dict on every rank."""
-    from mini_trainer.evaluate.stats import chunked_eval_stats
-    from mini_trainer.training.method import FullFineTuning
-    from mini_trainer.training.model_setup import build_model
-
     dataset = load_eval_dataset(data_path, model_path, max_tokens_per_gpu, runtime)
     stats_fn = chunked_eval_stats
     if chunk_size is not None:
@@ -98,10 +101,6 @@ def evaluate_loaded(
     replaced per micro-batch by `stats_fn` (default `chunked_eval_stats`); the caller restores
     it when the model trains on. Runs under `no_grad`; the caller sets eval mode.
     """
-    from mini_trainer.batching.collator import collate_packed, plan_step
-    from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
-    from mini_trainer.distributed.runtime import all_reduce_max, all_reduce_sum
-
     stats_fn = stats_fn or chunked_eval_stats
     plan = plan_step(
         np.arange(len(dataset)),

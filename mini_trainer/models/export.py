@@ -26,9 +26,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
+from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.models.loading import PREFIX
 from mini_trainer.models.safetensors_file import SAFETENSORS_DTYPES
-from mini_trainer.distributed.runtime import Runtime
 
 WRITE_BLOCK = 1 << 24
 """Elements cast and written per write() call (64 MB of fp32)."""

@@ -121,6 +121,7 @@ def resolve_model(
 
 def _snapshot(hub_id: str, revision: str, weights: bool) -> str:
     """snapshot_download with our patterns, its errors turned into one line each."""
+    # deferred: huggingface_hub; a local model folder never loads it
     from huggingface_hub import snapshot_download
 
     allow = ALLOW_PATTERNS if weights else [p for p in ALLOW_PATTERNS if p != "*.safetensors"]
@@ -139,6 +140,7 @@ def _snapshot(hub_id: str, revision: str, weights: bool) -> str:
 def lookup_commit(hub_id: str, revision: str = "main") -> str:
     """The commit `revision` names now, without fetching any file: one Hub call online, the
     cache's `refs/` offline, nothing for a commit. (The pipeline keys its runs by it.)"""
+    # deferred: huggingface_hub (as in _snapshot)
     from huggingface_hub import HfApi
 
     revision = revision or "main"
@@ -156,6 +158,7 @@ def lookup_commit(hub_id: str, revision: str = "main") -> str:
 @contextlib.contextmanager
 def hub_errors(hub_id: str, revision: str):
     """huggingface_hub's errors as one-line `UserError`s that say what to do."""
+    # deferred: huggingface_hub (as in _snapshot)
     from huggingface_hub.errors import (
         GatedRepoError,
         HFValidationError,

@@ -21,9 +21,9 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from mini_trainer.distributed.runtime import Runtime, broadcast_object
 from mini_trainer.errors import UserError
 from mini_trainer.models.safetensors_file import checkpoint_tensors, read_tensor
-from mini_trainer.distributed.runtime import Runtime, broadcast_object
 
 log = logging.getLogger("mini_trainer")
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from mini_trainer.errors import UserError
 from mini_trainer.models.loading import init_non_persistent_buffers, load_targets
@@ -67,8 +68,6 @@ def streamed_importance(
     dropped. Host memory: the embedding or one layer, plus one hidden state per sample. Each
     sample runs alone, as before, so the values are those of the whole-model forward.
     """
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     if not samples:
         raise UserError("--osft-rank-mode adaptive: the training data has no samples to measure")
     config = AutoConfig.from_pretrained(model_dir)

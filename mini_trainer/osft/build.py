@@ -16,9 +16,14 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from mini_trainer.data.outputs import check_writable
+from mini_trainer.distributed.runtime import broadcast_object, init_runtime
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import publish_dir
 from mini_trainer.osft import cache, svd
 from mini_trainer.osft.targets import candidate_linears, select_targets
 
@@ -29,8 +34,6 @@ PART_BYTES = 1024**3
 
 def model_targets(model_dir: Path, patterns: list[str] | None) -> dict[str, tuple[int, int]]:
     """Target module name -> weight shape (rows, cols), read from the config alone."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     try:
         config = AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as error:
@@ -44,10 +47,6 @@ def model_targets(model_dir: Path, patterns: list[str] | None) -> dict[str, tupl
 
 def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: bool) -> dict:
     """Write the cache folder `out` for `model_dir`; return its meta (rank 0; None elsewhere)."""
-    import torch.distributed as dist
-
-    from mini_trainer.distributed.runtime import broadcast_object, init_runtime
-
     if out.exists() and not force:
         raise UserError(f"{out}: already exists (pass --force to replace it)")
     check_writable(out.parent, "--out")
@@ -74,8 +73,6 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
         if rank == 0:
             meta = _meta(model_dir, patterns, targets, gathered)
             (tmp / cache.META).write_text(json.dumps(meta, indent=2) + "\n")
-            from mini_trainer.io_utils import publish_dir
-
             publish_dir(tmp, out)
             log.info("osft-svd: %d targets in %.1f s -> %s", len(targets),
                      time.perf_counter() - started, out)  # fmt: skip
@@ -92,8 +89,6 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
 
 def _factorize(model_dir: Path, names: list[str], folder: Path, rank: int) -> dict:
     """SVD of this rank's targets into its own files; (files, target -> file, digests)."""
-    from safetensors.torch import save_file
-
     files, where, digests = {}, {}, {}
     part: dict[str, torch.Tensor] = {}
 

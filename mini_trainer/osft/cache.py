@@ -17,9 +17,12 @@ import hashlib
 import json
 from pathlib import Path
 
+import safetensors
 import torch
+import transformers
 from torch import Tensor
 
+from mini_trainer import __version__
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import file_sha256
 from mini_trainer.models.safetensors_file import (
@@ -79,11 +82,6 @@ def source_hash(model_dir: Path, weight_names: list[str]) -> str:
 
 
 def versions() -> dict[str, str]:
-    import safetensors
-    import transformers
-
-    from mini_trainer import __version__
-
     return {
         "mini_trainer": __version__,
         "torch": torch.__version__,

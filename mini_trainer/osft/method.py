@@ -1,4 +1,4 @@
-"""OSFT as a training method: the hooks of `training/method.py`, filled in.
+"""OSFT as a training method: the hooks of `mini_trainer/method.py`, filled in.
 
 - adapt_model: pick the targets, decide each one's frozen rank k (uniform: floor((1 - u) r);
   adaptive: per layer, see `adaptive.py`), check the SVD cache, and swap each target whose
@@ -23,18 +23,16 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
+from mini_trainer.distributed.runtime import decided_on_main
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_write_text
+from mini_trainer.method import DESCRIPTION_FILE, MethodContext, is_no_decay, norm_parameter_names
 from mini_trainer.osft import svd
+from mini_trainer.osft.adaptive import frozen_fraction, measure
+from mini_trainer.osft.cache import SVDCache
 from mini_trainer.osft.linear import OSFTLinear
+from mini_trainer.osft.projection import remove_frozen_components
 from mini_trainer.osft.targets import candidate_linears, layer_index, select_targets
-from mini_trainer.distributed.runtime import decided_on_main
-from mini_trainer.training.method import (
-    DESCRIPTION_FILE,
-    MethodContext,
-    is_no_decay,
-    norm_parameter_names,
-)
 
 log = logging.getLogger("mini_trainer")
 WRAPPER_PREFIX = "model."
@@ -119,8 +117,6 @@ class OSFT:
             if saved is not None:
                 return saved
             log.warning("osft: no recorded ranks in %s; measuring them again", context.out)
-        from mini_trainer.osft.adaptive import frozen_fraction, measure
-
         importance = measure(args.model_name_or_path, args.data_path, args.seed)
         return {
             i: {
@@ -135,8 +131,6 @@ class OSFT:
     def _open_cache(self, shapes: dict[str, tuple[int, int]]):
         if not self.args.osft_svd_cache:
             return None
-        from mini_trainer.osft.cache import SVDCache
-
         return SVDCache.open(
             Path(self.args.osft_svd_cache),
             Path(self.args.model_name_or_path),
@@ -238,14 +232,10 @@ class OSFT:
         return self._osft_modules
 
     def before_optimizer_step(self, model: nn.Module) -> None:
-        from mini_trainer.osft.projection import remove_frozen_components
-
         pairs = [p for module in self._modules(model) for p in module.projection_pairs(True)]
         remove_frozen_components(pairs)
 
     def after_optimizer_step(self, model: nn.Module) -> None:
-        from mini_trainer.osft.projection import remove_frozen_components
-
         pairs = [p for module in self._modules(model) for p in module.projection_pairs(False)]
         remove_frozen_components(pairs)
 

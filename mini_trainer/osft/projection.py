@@ -19,12 +19,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor, Shard
 
 
 def _local(tensor: Tensor) -> tuple[Tensor, object]:
     """(the rows this rank holds, the process group to sum over or None)."""
-    from torch.distributed.tensor import DTensor, Shard
-
     if isinstance(tensor, DTensor):
         sharded = any(isinstance(p, Shard) for p in tensor.placements)
         group = tensor.device_mesh.get_group() if sharded else None

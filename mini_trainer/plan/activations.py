@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers import AttentionInterface
+
+from mini_trainer.training.attention import register_varlen
 
 NAME_CUDA = "mini_trainer_plan_varlen"
 NAME_CPU = "mini_trainer_plan_cpu"
@@ -55,10 +58,6 @@ def _cpu_attention(module, query, key, value, attention_mask, dropout=0.0, scali
 
 
 def register() -> None:
-    from transformers import AttentionInterface
-
-    from mini_trainer.training.attention import register_varlen
-
     register_varlen(NAME_CUDA, _kernel)
     AttentionInterface.register(NAME_CPU, _cpu_attention)
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from mini_trainer.errors import UserError
+from mini_trainer.models.hub import resolve_model
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 DEFAULT_BANDWIDTH_GBS = {"intra": 360.0, "inter": 45.0}
@@ -38,8 +39,6 @@ class Cluster:
 def resolve_model_dir(model: str, revision: str | None) -> Path:
     """The local folder holding `config.json`: a local folder, or a Hub id resolved (config and
     tokenizer files only, never weights) into the Hugging Face cache."""
-    from mini_trainer.models.hub import resolve_model
-
     path = resolve_model(model, revision or "main", weights=False, flag="--model").folder
     if not (path / "config.json").is_file():
         raise UserError(f"{model}: --model: no config.json in this folder")
@@ -58,6 +57,7 @@ def training_args(model_dir: Path, flags: list[str]) -> TrainingArgs:
 
 def load_config(model_dir: Path, device: str):
     """The model's config as training loads it, or one line for an unknown family."""
+    # deferred: transformers, torch: plan reports a bad flag or folder before loading them
     from transformers import CONFIG_MAPPING
 
     from mini_trainer.training import model_setup
@@ -73,6 +73,7 @@ def load_config(model_dir: Path, device: str):
 
 def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[str]) -> dict:
     """The whole plan as one JSON-able object (`render.py` prints it)."""
+    # deferred: torch, once the flags and the model folder are checked
     import torch
 
     from mini_trainer.plan import activations, host, memory
@@ -157,6 +158,7 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
 def step_time(wrapped, counts, cluster: Cluster, setup) -> dict:
     """FLOPs and collective bytes of one micro-batch on one GPU, and the times they take at the
     stated peak and bandwidth: an estimate, never a measurement."""
+    # deferred: torch (as in make_plan)
     from mini_trainer.training.flops import ModelFlops, peak_flops
 
     flops = ModelFlops.of(wrapped.model, None).step_flops(setup.tokens, setup.tokens**2)

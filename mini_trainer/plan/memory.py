@@ -18,7 +18,7 @@ The peak is the largest of four moments of a step (steady state, from step 2 on)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from mini_trainer.plan.activations import Trace
 from mini_trainer.plan.model import Counts
@@ -210,7 +210,6 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
 
 def largest_tokens(counts: Counts, trace: Trace, setup: Setup, budget: int) -> int:
     """The largest tokens per row whose peak fits `budget` bytes (0 if even 1 does not)."""
-    from dataclasses import replace
 
     def fits(tokens: int) -> bool:
         return memory(counts, trace, replace(setup, tokens=tokens)).peak <= budget

@@ -17,8 +17,11 @@ import torch
 from torch import nn
 
 from mini_trainer.errors import UserError
+from mini_trainer.method import FullFineTuning
 from mini_trainer.osft.method import OSFT
 from mini_trainer.osft.targets import layer_index
+from mini_trainer.training.loss import chunked_linear_cross_entropy
+from mini_trainer.training.model_setup import decoder_layers, fsdp_units, meta_model
 
 OSFT_FROZEN_PARTS = ("W_high", "U_high", "V_high", "U_low_init", "V_low_init")
 
@@ -90,10 +93,6 @@ class PlannedOSFT(OSFT):
 
 def build(config, args):
     """(wrapped meta model, method): the model `build_model` would shard, without memory."""
-    from mini_trainer.training.loss import chunked_linear_cross_entropy
-    from mini_trainer.training.method import FullFineTuning
-    from mini_trainer.training.model_setup import decoder_layers, meta_model
-
     method = PlannedOSFT(args) if args.osft else FullFineTuning()
     try:
         wrapped = meta_model(config, args, chunked_linear_cross_entropy, method)
@@ -113,8 +112,6 @@ def shard_elements(param: torch.Tensor, world: int) -> int:
 
 def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts:
     """Counts of parameters, shards, units and optimizer groups of the meta model."""
-    from mini_trainer.training.model_setup import fsdp_units
-
     units_modules = fsdp_units(wrapped)
     owner: dict[int, int] = {}
     for index, module in enumerate(units_modules):  # inner units claim their parameters first

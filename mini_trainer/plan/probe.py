@@ -61,6 +61,7 @@ class _NoHook:
 def _tracker_class():
     """torch's MemTracker, except that it leaves frozen parameters (OSFT) without the gradient
     hook it installs on every parameter a module uses (torch refuses a hook there)."""
+    # deferred: torch's MemTracker, only when MINI_TRAINER_MEMORY_PROBE is set
     from torch.distributed._tools.mem_tracker import MemTracker
 
     class Tracker(MemTracker):

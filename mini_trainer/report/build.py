@@ -30,6 +30,15 @@ from mini_trainer.report.inputs import (
     read_json_file,
     read_run,
 )
+from mini_trainer.report.sections import (
+    data_section,
+    evals_section,
+    frontier_section,
+    matrices_section,
+    provenance_section,
+    summary_section,
+    training_section,
+)
 
 FRONTIER_NOTE = (
     "Why not compare methods at one shared learning rate? A method that takes smaller "
@@ -103,16 +112,8 @@ def build_report(
     out_dir: Path, manifest_path: Path | None, inputs: list[Path], force: bool = False
 ) -> Path:
     """Write OUT_DIR/report.html and its PNGs; return the page's path."""
+    # deferred: matplotlib (~1 s); the CLI imports this module for every command
     from mini_trainer.report import plots
-    from mini_trainer.report.sections import (
-        data_section,
-        evals_section,
-        frontier_section,
-        matrices_section,
-        provenance_section,
-        summary_section,
-        training_section,
-    )
 
     page_path = out_dir / "report.html"
     if page_path.exists() and not force:

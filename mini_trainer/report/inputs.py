@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mini_trainer.errors import UserError
+from mini_trainer.training.validation import VAL_METRICS
 
 KINDS = ("eval", "run", "data_summary")
 
@@ -69,8 +70,6 @@ class RunData:
     def best_validation(self) -> tuple[int, float] | None:
         """(step, val_loss) of the best validation: best/'s step when the run kept one, else
         the best row by the run's --best-metric (training/validation.py's direction)."""
-        from mini_trainer.training.validation import VAL_METRICS
-
         rows = self.validation_rows()
         if not rows:
             return None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mini_trainer.models.hub import hub_source
 from mini_trainer.report import html as h
 from mini_trainer.report import metrics
 from mini_trainer.report.inputs import EvalResult, RunData, lr_label
@@ -190,8 +191,6 @@ def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
 
 def _base_models(runs, evals, extra) -> list[str]:
     """Which Hub model and commit each run started from and each evaluation scored (if any)."""
-    from mini_trainer.models.hub import hub_source
-
     rows = []
     for r in runs:
         source = hub_source((r.args or {}).get("model_name_or_path") or "")

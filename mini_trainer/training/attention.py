@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
 
 from mini_trainer.training import packed_attention
 
@@ -52,6 +53,7 @@ def choose_attention(is_cuda: bool, flash_available: bool, varlen_available: boo
 def flash_attn_imports() -> tuple[bool, str]:
     """Whether the flash-attn package imports, and why not."""
     try:
+        # deferred: optional (flash-attn may be absent, or built for another torch)
         import flash_attn  # noqa: F401
     except (ImportError, OSError, RuntimeError) as error:  # e.g. built for another torch
         return False, str(error)
@@ -61,6 +63,7 @@ def flash_attn_imports() -> tuple[bool, str]:
 def torch_varlen_available() -> bool:
     """Whether this torch ships `torch.nn.attention.varlen.varlen_attn` (2.10 and later)."""
     try:
+        # deferred: optional (torch 2.10 and later; see torch_varlen_available)
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401
     except ImportError:
         return False
@@ -88,7 +91,6 @@ def register(name: str) -> str:
 
 def register_varlen(name: str, kernel: VarlenKernel) -> str:
     """Register `varlen_attention` with `kernel` under `name`, with no mask function."""
-    from transformers import AttentionInterface
 
     def attention(module, query, key, value, attention_mask, **kwargs):
         return varlen_attention(module, query, key, value, attention_mask, kernel=kernel, **kwargs)
@@ -154,6 +156,7 @@ def varlen_attention(
 
 def torch_varlen_kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa):
     """torch's native varlen kernel (CUDA, bf16/fp16); causal is the window (-1, 0)."""
+    # deferred: optional (torch 2.10 and later; see torch_varlen_available)
     from torch.nn.attention.varlen import varlen_attn
 
     cu = cu_seqlens.to(torch.int32)

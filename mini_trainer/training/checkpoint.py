@@ -19,9 +19,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from transformers import AutoTokenizer, GenerationConfig
 
-from mini_trainer.io_utils import atomic_path, publish_dir
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
+from mini_trainer.io_utils import atomic_path, publish_dir
+from mini_trainer.models.export import export_hf_weights
 from mini_trainer.training.run_folder import state_dirs
 from mini_trainer.training.state_checksums import write_checksums
 from mini_trainer.training.trainer_state import TRAINER_STATE, TrainerState
@@ -66,8 +68,6 @@ def save_hf_checkpoint(
     start of a chained stage, still says which run, data and base weights it came from.
     `extra_json` ({file name: dict}) adds metadata files, published with the weights.
     """
-    from mini_trainer.models.export import export_hf_weights
-
     dtype = getattr(torch, save_dtype)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     if runtime.is_main:
@@ -86,8 +86,6 @@ def save_hf_checkpoint(
 
 def _write_hf_extras(config, model_path: str, out: Path, dtype) -> None:
     """Everything of the folder but the weights: config, generation config, tokenizer."""
-    from transformers import AutoTokenizer, GenerationConfig
-
     export_config = type(config).from_dict(config.to_dict())
     export_config.use_cache = True  # trained without a cache; inference wants one
     export_config.dtype = dtype

@@ -26,6 +26,8 @@ import logging
 
 import torch
 from torch import nn
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from mini_trainer.errors import UserError
 
@@ -44,6 +46,7 @@ def compiler_missing(is_cuda: bool) -> str | None:
     """Why inductor cannot build kernels here, or None. On the CPU it compiles C++ (`CXX`)."""
     if is_cuda:
         return None
+    # deferred: torch._inductor, only with --compile
     from torch._inductor.cpp_builder import get_cpp_compiler
 
     try:
@@ -57,6 +60,7 @@ def compiler_missing(is_cuda: bool) -> str | None:
 def compile_counts() -> tuple[int, int]:
     """(compilations, graphs) so far in this process, from dynamo's counters: a compilation
     is one frame compiled (a first compile or a recompile), holding one or more graphs."""
+    # deferred: torch._dynamo, only with --compile
     from torch._dynamo.utils import counters
 
     return int(counters["frames"]["ok"]), int(counters["stats"]["unique_graphs"])
@@ -130,9 +134,6 @@ def _eager_attention(attention):
 def compile_layers(layers: list[nn.Module], attention_name: str, is_cuda: bool,
                    is_main: bool) -> None:  # fmt: skip
     """Compile every layer's forward in place; re-register `attention_name` to run eagerly."""
-    from transformers import AttentionInterface
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     missing = compiler_missing(is_cuda)
     if missing:
         raise UserError(f"--compile: torch.compile cannot build kernels on this machine: {missing}")

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from mini_trainer.data.dataset import IndexedJsonlDataset
+from mini_trainer.data.index_file import index_fit_problem, read_index_metadata
+from mini_trainer.data.validate import build_index, read_vocab_size
+from mini_trainer.distributed.runtime import decided_on_main
 from mini_trainer.errors import UserError
 from mini_trainer.training_args import TrainingArgs
 
@@ -12,11 +16,6 @@ def load_dataset(args: TrainingArgs, runtime):
     Whether an index fits this run (model vocabulary, token cap) is `index_fit_problem`'s rule;
     an index built here fits by construction (`build_index` applies the same two limits).
     """
-    from mini_trainer.data.dataset import IndexedJsonlDataset
-    from mini_trainer.data.index_file import index_fit_problem, read_index_metadata
-    from mini_trainer.data.validate import build_index, read_vocab_size
-    from mini_trainer.distributed.runtime import decided_on_main
-
     vocab_size = read_vocab_size(args.model_name_or_path)  # every line read is checked against it
     if args.data_index:
         dataset = IndexedJsonlDataset.open(args.data_path, args.data_index, vocab_size)

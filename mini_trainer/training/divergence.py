@@ -14,8 +14,9 @@ import math
 
 import torch
 
-from mini_trainer.errors import UserError
 from mini_trainer.distributed.runtime import Runtime, all_reduce_max
+from mini_trainer.errors import UserError
+from mini_trainer.training.run_folder import newest_intact_name
 
 EXIT_DIVERGED = 3
 """Exit status of a run stopped by a non-finite loss, gradient norm or weight."""
@@ -29,8 +30,6 @@ class Diverged(UserError):
         self.what = what
 
     def at_step(self, step: int, out_dir) -> Diverged:
-        from mini_trainer.training.run_folder import newest_intact_name
-
         return Diverged(
             f"step {step}: {self.what}; stopped with nothing saved or exported at this step "
             f"(last saved state: {newest_intact_name(out_dir)}); lower --learning-rate or "

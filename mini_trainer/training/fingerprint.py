@@ -30,6 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mini_trainer.models.hub import hub_source
+
 FULL_HASH_BYTES = 64 * 1024**2
 """Files up to this size are hashed whole (about 0.1 s per 64 MiB)."""
 EDGE_BYTES = 1024**2
@@ -108,8 +110,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 def model_fingerprint(model_path: str | os.PathLike) -> dict:
     """`config.json` and every weights file of the model folder, by name and digest."""
-    from mini_trainer.models.hub import hub_source
-
     folder = Path(model_path)
     files = {"config.json": file_digest(folder / "config.json")}
     if source := hub_source(folder):

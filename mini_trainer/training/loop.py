@@ -3,7 +3,7 @@
 Each optimizer step takes `batch_size` samples; they are packed into micro-batches of at most
 `max_tokens_per_gpu` tokens per rank; every micro-batch's summed token loss is divided by the
 loss-token count of the whole global batch, so a step equals one big batch however it is split.
-What differs between fine-tuning methods (full, OSFT) is behind `training/method.py`'s hooks,
+What differs between fine-tuning methods (full, OSFT) is behind `mini_trainer/method.py`'s hooks,
 which every run calls at the same points.
 """
 
@@ -18,9 +18,31 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mini_trainer.batching.sampler import BatchSampler
+from mini_trainer.distributed.preemption import EXIT_PREEMPTED, StopRequest
+from mini_trainer.distributed.run_lock import lock_output_dir
+from mini_trainer.distributed.runtime import Runtime, all_reduce_max, all_reduce_sum
 from mini_trainer.errors import UserError
-from mini_trainer.distributed.runtime import Runtime
+from mini_trainer.method import MethodContext, write_description
+from mini_trainer.plan.probe import memory_probe
+from mini_trainer.training import checkpoint, divergence, resume
+from mini_trainer.training.attention import attention_kwargs
+from mini_trainer.training.checkpoint_policy import checkpoints_due
+from mini_trainer.training.data_setup import load_dataset
+from mini_trainer.training.divergence import check_step
+from mini_trainer.training.fingerprint import run_fingerprint
+from mini_trainer.training.flops import ModelFlops
+from mini_trainer.training.loss import make_loss_fn
+from mini_trainer.training.method import make_method
+from mini_trainer.training.metrics import MetricsLogger, peak_memory_gb, truncate_metrics
+from mini_trainer.training.model_setup import build_model
+from mini_trainer.training.optimizer import build_optimizer, build_scheduler, finish_gradients
+from mini_trainer.training.prefetch import StepPrefetcher
+from mini_trainer.training.run_folder import recording_bad_input
+from mini_trainer.training.save_guard import write_errors
+from mini_trainer.training.stopping import finished, planned_steps
 from mini_trainer.training.trainer_state import Progress, TrainerState
+from mini_trainer.training.validation import Validator
 from mini_trainer.training_args import TrainingArgs
 
 log = logging.getLogger("mini_trainer")
@@ -39,24 +61,6 @@ class StepResult:
 
 def train(args: TrainingArgs, runtime: Runtime) -> int:
     """Run the job to its end (0) or to a requested stop (EXIT_PREEMPTED, state saved)."""
-    from mini_trainer.batching.sampler import BatchSampler
-    from mini_trainer.plan.probe import memory_probe
-    from mini_trainer.training import divergence, resume
-    from mini_trainer.training.checkpoint_policy import checkpoints_due
-    from mini_trainer.training.data_setup import load_dataset
-    from mini_trainer.training.fingerprint import run_fingerprint
-    from mini_trainer.training.loss import make_loss_fn
-    from mini_trainer.training.method import MethodContext, make_method, write_description
-    from mini_trainer.training.metrics import MetricsLogger
-    from mini_trainer.training.model_setup import build_model
-    from mini_trainer.training.optimizer import build_optimizer, build_scheduler
-    from mini_trainer.distributed.preemption import EXIT_PREEMPTED, StopRequest
-    from mini_trainer.training.prefetch import StepPrefetcher
-    from mini_trainer.training.run_folder import recording_bad_input
-    from mini_trainer.distributed.run_lock import lock_output_dir
-    from mini_trainer.training.stopping import finished, planned_steps
-    from mini_trainer.training.validation import Validator
-
     out = Path(args.output_dir)
     lock_output_dir(out, runtime)  # one job per output folder, for the job's life
     stop_request = StopRequest()
@@ -186,8 +190,6 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
 def restore(resumed_from, model, optimizer, scheduler, sampler, runtime: Runtime) -> TrainerState:
     """Load the chosen state into the model, optimizer, scheduler and sampler; return it (a fresh
     one when starting from step 0)."""
-    from mini_trainer.training import checkpoint
-
     if resumed_from is None:
         return TrainerState()
     saved = checkpoint.load_state(resumed_from, model, optimizer, runtime)
@@ -202,9 +204,6 @@ def restore(resumed_from, model, optimizer, scheduler, sampler, runtime: Runtime
 
 def start_record(out: Path, args: TrainingArgs, resumed_from, step: int) -> None:
     """Rank 0: clean up a crashed save's leftovers, rewind metrics, record the start."""
-    from mini_trainer.training import checkpoint, resume
-    from mini_trainer.training.metrics import truncate_metrics
-
     out.mkdir(parents=True, exist_ok=True)
     checkpoint.remove_stale_temp_dirs(out)
     truncate_metrics(out / "metrics.jsonl", step)
@@ -219,9 +218,6 @@ class Saver:
         self.config, self.method, self.runtime = config, method, runtime
 
     def save_state(self, trainer_state: TrainerState) -> None:
-        from mini_trainer.training import checkpoint, divergence
-        from mini_trainer.training.save_guard import write_errors
-
         step = trainer_state.progress.step
         divergence.check_weights(self.model, self.runtime)
         with write_errors(self.out, f"state/step_{step}", self.runtime):
@@ -231,9 +227,6 @@ class Saver:
             )  # fmt: skip
 
     def save_hf(self, name: str, extra_json: dict | None = None) -> None:
-        from mini_trainer.training import checkpoint, divergence
-        from mini_trainer.training.save_guard import write_errors
-
         divergence.check_weights(self.model, self.runtime)
         with write_errors(self.out, name, self.runtime):
             checkpoint.save_hf_checkpoint(
@@ -247,8 +240,6 @@ class StepMetrics:
     """One `metrics.jsonl` row per step (rank 0), with the model's FLOPs figures."""
 
     def __init__(self, model, dataset, runtime: Runtime):
-        from mini_trainer.training.flops import ModelFlops
-
         device_name = torch.cuda.get_device_name(runtime.device) if runtime.is_cuda else None
         self.flops = ModelFlops.of(model.model, device_name)
         self.dataset, self.world_size = dataset, runtime.world_size
@@ -280,12 +271,6 @@ def train_step(
 ) -> StepResult:
     """One optimizer step over this rank's micro-batches of `plan`: forward/backward each, then
     update. No host sync until the step's end: boundaries and loss rows come from the host."""
-    from mini_trainer.training.attention import attention_kwargs
-    from mini_trainer.distributed.runtime import all_reduce_max, all_reduce_sum
-    from mini_trainer.training.divergence import check_step
-    from mini_trainer.training.metrics import peak_memory_gb
-    from mini_trainer.training.optimizer import finish_gradients
-
     attention = model.model.config._attn_implementation
     # FSDP averages gradients over ranks; scaling by world size makes that a sum.
     scale = runtime.world_size / plan.batch_num_loss_tokens

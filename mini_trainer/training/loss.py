@@ -260,6 +260,7 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
     if device_type != "cuda":
         raise UserError(f"--use-liger-kernels needs a CUDA GPU; this run is on {device_type}")
     try:
+        # deferred: optional (liger-kernel, --use-liger-kernels)
         from liger_kernel.transformers.fused_linear_cross_entropy import (
             LigerFusedLinearCrossEntropyLoss,
         )

@@ -1,160 +1,19 @@
-"""The seam between the training loop and a fine-tuning method.
+"""Which fine-tuning method a run uses: the registry the training loop asks.
 
-The loop (`training/loop.py`) is the same for every method; what differs is a handful of hooks,
-each called at one named point of a run. Plain full fine-tuning (`FullFineTuning`) implements
-them as no-ops or plain defaults; OSFT implements them with its factorization and projections.
-A method never branches the loop: the loop calls every hook on every run.
-
-Every method satisfies the `TrainingMethod` protocol. The one hook that needs facts about the
-run gets them in a `MethodContext` (runtime, output folder, the state resumed from), never from
-globals or the arguments; `describe()` is written to `OUT/method.json` (`write_description`).
-
-Order of the hooks in a run:
-1. `adapt_model(model, context)`: on the meta-device model, before FSDP2 shards it (swap or add
-   modules, freeze parameters); collective: every rank calls it.
-2. `convert_weights(state)`: on rank 0, the dense checkpoint's fp32 tensors become the adapted
-   model's state (e.g. dense W to factors); the result is broadcast into the shards.
-3. `param_groups(model, weight_decay)`: what the optimizer trains, and with which decay.
-4. per step: `before_optimizer_step(model)` once the gradients are summed over micro-batches
-   and ranks, before the clip (so the clip and the logged norm see what the hook leaves), and
-   `after_optimizer_step(model)` after `optimizer.step()`.
-5. `export_weights(state)`: the adapted model's full state back to dense Hugging Face weights,
-   for `hf_format/` and `final/`.
+The methods live beside what they need (full fine-tuning in `mini_trainer/method.py`, with the
+protocol; OSFT in `osft/`); only the training side imports this module, so a method never
+imports the loop that picks it.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol, runtime_checkable
-
-from torch import Tensor, nn
-
-from mini_trainer.io_utils import atomic_write_text
-from mini_trainer.distributed.runtime import Runtime
-
-DESCRIPTION_FILE = "method.json"
-"""`OUT/method.json`: the method's `describe()`, beside training_args.json (rank 0, at start)."""
+from mini_trainer.method import FullFineTuning, TrainingMethod
+from mini_trainer.osft.method import OSFT
+from mini_trainer.training_args import TrainingArgs
 
 
-@dataclass(frozen=True)
-class MethodContext:
-    """What a method may know about the run it is part of."""
-
-    runtime: Runtime | None
-    """This process in the job; None for a lone process without a process group (tests)."""
-    out: Path
-    """The run's output folder."""
-    resumed_from: Path | None
-    """The saved state this run continues from (`OUT/state/step_K`), or None for a fresh start."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.runtime is None or self.runtime.is_main
-
-
-@runtime_checkable
-class TrainingMethod(Protocol):
-    """The hooks the training loop calls, in the order the module docstring lists."""
-
-    name: str
-
-    def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None: ...
-
-    def convert_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]: ...
-
-    def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]: ...
-
-    def before_optimizer_step(self, model: nn.Module) -> None: ...
-
-    def after_optimizer_step(self, model: nn.Module) -> None: ...
-
-    def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]: ...
-
-    def describe(self) -> dict:
-        """What this method did (JSON-able), once `adapt_model` has run."""
-        ...
-
-
-def write_description(method: TrainingMethod, out: Path) -> Path:
-    """Rank 0: `method.describe()` to `OUT/method.json` (atomically), beside training_args.json."""
-    path = Path(out) / DESCRIPTION_FILE
-    atomic_write_text(path, json.dumps(method.describe(), indent=2) + "\n")
-    return path
-
-
-NO_DECAY_SUFFIXES = ("bias",)
-"""Parameter names ending so get no weight decay (as transformers' Trainer does)."""
-
-
-def is_no_decay(name: str, param: nn.Parameter, norm_param_names: set[str]) -> bool:
-    """Biases and normalization weights are not decayed; every other weight is.
-
-    Decaying a norm's gain pulls it towards 0 (towards switching the layer off), which is not the
-    regularization weight decay stands for; transformers' Trainer excludes them the same way.
-    """
-    return name.endswith(NO_DECAY_SUFFIXES) or name in norm_param_names
-
-
-def norm_parameter_names(model: nn.Module) -> set[str]:
-    """Names of the parameters owned by normalization layers (LayerNorm, RMSNorm, ...)."""
-    names = set()
-    for module_name, module in model.named_modules():
-        kind = type(module).__name__.lower()
-        if isinstance(module, nn.LayerNorm) or "norm" in kind:
-            for param_name, _ in module.named_parameters(recurse=False):
-                names.add(f"{module_name}.{param_name}" if module_name else param_name)
-    return names
-
-
-def decay_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Trainable parameters in two optimizer groups: decayed, and not (biases, norms)."""
-    norms = norm_parameter_names(model)
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if is_no_decay(name, param, norms) else decay).append(param)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
-        {"params": no_decay, "weight_decay": 0.0, "name": "no_decay"},
-    ]
-    return [group for group in groups if group["params"]]
-
-
-class FullFineTuning:
-    """Every parameter trains; no projection; weights export as they are."""
-
-    name = "full"
-
-    def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None:
-        """Nothing to change: the model trains as loaded."""
-
-    def convert_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        return state
-
-    def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]:
-        return decay_param_groups(model, weight_decay)
-
-    def before_optimizer_step(self, model: nn.Module) -> None:
-        """Gradients are used as they are."""
-
-    def after_optimizer_step(self, model: nn.Module) -> None:
-        """Parameters need no correction."""
-
-    def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
-        return state
-
-    def describe(self) -> dict:
-        """What this method did, for the run's records (written beside training_args.json)."""
-        return {"method": self.name}
-
-
-def make_method(args) -> TrainingMethod:
+def make_method(args: TrainingArgs) -> TrainingMethod:
     """The method the arguments ask for: OSFT with --osft, full fine-tuning otherwise."""
     if args.osft:
-        from mini_trainer.osft.method import OSFT
-
         return OSFT(args)
     return FullFineTuning()

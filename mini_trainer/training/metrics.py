@@ -11,7 +11,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
+from tqdm import tqdm
 
+from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_write_text
 
 log = logging.getLogger("mini_trainer")
@@ -64,8 +66,6 @@ class MetricsLogger:
         self.started = time.perf_counter()
         self.bar = None
         if sys.stderr.isatty():
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
         self.wandb_run = _start_wandb(args) if args.wandb_project else None
         self.file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
@@ -102,9 +102,8 @@ class MetricsLogger:
 
 
 def _start_wandb(args):
-    from mini_trainer.errors import UserError
-
     try:
+        # deferred: optional (wandb, --wandb-project)
         import wandb
     except ImportError:
         raise UserError(

@@ -14,14 +14,16 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from transformers import AutoConfig, AutoModelForCausalLM
 
+from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.errors import UserError
+from mini_trainer.method import MethodContext
 from mini_trainer.models.loading import load_sharded_weights
 from mini_trainer.training import packed_attention
 from mini_trainer.training.attention import pick_attention
-from mini_trainer.distributed.runtime import Runtime
+from mini_trainer.training.compile import compile_layers
 from mini_trainer.training.loss import logit_head
-from mini_trainer.training.method import MethodContext
 
 log = logging.getLogger("mini_trainer")
 
@@ -71,8 +73,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def load_config(model_path: str, attention: str):
-    from transformers import AutoConfig
-
     try:
         config = AutoConfig.from_pretrained(model_path)
     except (OSError, ValueError) as error:
@@ -88,8 +88,6 @@ def meta_model(
     """The training model on the meta device (no memory): adapted by the method (told about the
     run by `context`; without one, a fresh start in `args.output_dir`), activation checkpointing
     set, wrapped with the loss. Also what `mini-trainer plan` counts from."""
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     if context is None:  # not a training run (evaluation and plan build it without a folder)
@@ -128,7 +126,7 @@ def build_model(
 ) -> tuple[CausalLMWithLoss, object]:
     """The FSDP2-sharded training model and its config, weights loaded from the model folder.
 
-    `method` (training/method.py) adapts the meta-device model before sharding (told about the
+    `method` (mini_trainer/method.py) adapts the meta-device model before sharding (told about the
     run by `context`) and converts rank 0's dense weights into the adapted model's state before
     they are broadcast.
     """
@@ -142,8 +140,6 @@ def build_model(
         context = MethodContext(runtime, Path(getattr(args, "output_dir", None) or "."), None)
     wrapped = meta_model(config, args, loss_fn, method, log_main=runtime.is_main, context=context)
     if getattr(args, "compile", False):  # evaluation's own setup has no such field
-        from mini_trainer.training.compile import compile_layers
-
         compile_layers(decoder_layers(wrapped.model), attention, runtime.is_cuda, runtime.is_main)
     if args.cpu_offload and not runtime.is_cuda:
         raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")

@@ -6,6 +6,7 @@ import logging
 import math
 
 import torch
+from transformers import get_scheduler
 
 from mini_trainer.training_args import TrainingArgs
 
@@ -28,8 +29,6 @@ def build_scheduler(args: TrainingArgs, optimizer, total_steps: int | None):
     steps depend on the data, so it is found here, and only warned about: the run is valid,
     its learning rate just never reaches the peak.
     """
-    from transformers import get_scheduler
-
     if total_steps is not None and args.num_warmup_steps > total_steps:
         logging.getLogger("mini_trainer").warning(
             "--num-warmup-steps %d is more than the %d planned steps: the learning rate never "

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
 NAME = "mini_trainer_packed_sdpa"
 
@@ -108,9 +110,6 @@ def register() -> str:
 
     Its mask function is flash-attention's, which builds no T x T mask for unpadded input.
     """
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
-
     AttentionInterface.register(NAME, packed_sdpa_attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, flash_attention_mask)
     return NAME

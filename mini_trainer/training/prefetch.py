@@ -19,6 +19,7 @@ import queue
 import threading
 
 import numpy as np
+import torch
 
 from mini_trainer.batching.collator import PackedMicroBatch, StepPlan, collate_packed, plan_step
 from mini_trainer.batching.sampler import BatchSampler, GlobalBatch
@@ -87,8 +88,6 @@ class StepPrefetcher:
     def _run(self) -> None:
         try:
             if self._pin and self._device is not None:
-                import torch
-
                 # A thread starts on GPU 0: pinning there would open a context on another
                 # rank's GPU (what DataLoader's pin thread avoids the same way).
                 torch.cuda.set_device(self._device)

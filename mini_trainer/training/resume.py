@@ -19,11 +19,13 @@ import json
 import logging
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 
-from mini_trainer.errors import UserError
-from mini_trainer.training import run_folder
 from mini_trainer.distributed.runtime import Runtime, decided_on_main
+from mini_trainer.errors import UserError
+from mini_trainer.io_utils import atomic_write_text
+from mini_trainer.training import run_folder
 from mini_trainer.training.fingerprint import MAY_CHANGE_ON_RESUME, differences
 from mini_trainer.training.run_folder import damage  # noqa: F401 (re-exported for callers)
 from mini_trainer.training.trainer_state import TrainerState
@@ -77,10 +79,6 @@ def record_start(out_dir: Path, args, resumed_from: Path | None, step: int) -> N
     training_args.json is the record of the run as it started and is never rewritten; options
     that may change on resume and did are listed in the resume record.
     """
-    from dataclasses import asdict
-
-    from mini_trainer.io_utils import atomic_write_text
-
     current = asdict(args)
     args_file = out_dir / "training_args.json"
     if resumed_from is None or not args_file.exists():

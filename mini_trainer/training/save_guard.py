@@ -17,8 +17,10 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from mini_trainer.errors import UserError
 from mini_trainer.distributed.runtime import Runtime, decided_on_main
+from mini_trainer.errors import UserError
+from mini_trainer.training.checkpoint import remove_stale_temp_dirs
+from mini_trainer.training.run_folder import state_dirs
 
 
 def find_os_error(error: BaseException) -> OSError | None:
@@ -91,8 +93,6 @@ def write_errors(out_dir: Path, what: str, runtime: Runtime) -> Iterator[None]:
                 raise
             raise RuntimeError(f"writing {what} failed: {error}") from error
         if runtime.is_main:
-            from mini_trainer.training.checkpoint import remove_stale_temp_dirs
-
             remove_stale_temp_dirs(out_dir)
         advice = next_step(out_dir)
         raise UserError(f"{out_dir}: writing {what} failed: {reason} ({advice})") from None
@@ -102,8 +102,6 @@ def next_step(out_dir: Path) -> str:
     """What to run after a failed write, by what the next command will accept (run_folder.py):
     with a saved state, `--resume` continues from it; without one, `--resume auto` keeps this
     attempt aside and starts over (`--resume` alone would refuse the folder)."""
-    from mini_trainer.training.run_folder import state_dirs
-
     if state_dirs(out_dir):
         return (
             "partial files removed; the states already saved are kept: make room and run "

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from mini_trainer.io_utils import file_sha256
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
+from mini_trainer.io_utils import file_sha256
 
 CHECKSUMS = "checksums.json"
 

@@ -19,6 +19,7 @@ function back as they were, so a run ends with the same weights with or without 
 from __future__ import annotations
 
 import filecmp
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -168,6 +169,7 @@ class Validator:
     """
 
     def __init__(self, args, runtime):
+        # deferred: torch (evaluate/); training_args imports this module for its rules
         from mini_trainer.evaluate.runner import load_eval_dataset
 
         self.args = args
@@ -226,6 +228,7 @@ class Validator:
 
     def evaluate(self, model, pad_id: int) -> dict:
         """`evaluate_loaded` on the training model; its mode and loss function put back."""
+        # deferred: torch (as in __init__)
         from mini_trainer.evaluate.runner import evaluate_loaded
 
         was_training, loss_fn = model.training, model.loss_fn
@@ -239,8 +242,6 @@ class Validator:
 
 def best_metadata(best_dir: Path) -> dict:
     """The metadata `--save-best` wrote into `best_dir`."""
-    import json
-
     return json.loads((best_dir / BEST_METADATA).read_text())
 
 
