@@ -1,10 +1,10 @@
 """Programmatic training: `run_training(TorchrunArgs(...), TrainingArgs(...))`.
 
-It runs `mini-trainer train --nproc-per-node N ...` (the launcher of distributed/launcher.py, which
-runs torchrun's elastic agent), with every `TrainingArgs` field turned into its flag by
-`to_cli_args`, streams the job's output, and raises with the output's tail and the job's
-documented exit status (2 user error, 3 diverged, 75 stopped with a state saved, 1 other) when
-the job fails.
+It runs `mini-trainer train --nproc-per-node N ...` in a child process, so it takes the one
+launch path (`train.launch`: the flags checked once, then torchrun's elastic agent,
+distributed/launcher.py). Every `TrainingArgs` field becomes its flag by `to_cli_args`; the
+job's output is streamed, and a failed job raises with the output's tail and the job's
+documented exit status (2 user error, 3 diverged, 75 stopped with a state saved, 1 other).
 """
 
 from __future__ import annotations
@@ -35,18 +35,6 @@ def build_command(torchrun_args: TorchrunArgs, training_args: TrainingArgs) -> l
         sys.executable, "-m", "mini_trainer", "train",
         *torchrun_args.launcher_cli_args(),
         *to_cli_args(training_args),
-    ]  # fmt: skip
-
-
-def torchrun_command(
-    torchrun_args: TorchrunArgs, train_flags: list[str], python: str = sys.executable
-) -> list[str]:
-    """`PYTHON -m torch.distributed.run TORCHRUN_ARGS -m mini_trainer.train TRAIN_FLAGS`."""
-    return [
-        python, "-m", "torch.distributed.run",
-        *torchrun_args.to_cli_args(),
-        "-m", "mini_trainer.train",
-        *train_flags,
     ]  # fmt: skip
 
 

@@ -1,17 +1,45 @@
 """The `mini-trainer` command: one subcommand per pipeline step.
 
-Heavy imports (torch, transformers) happen inside each subcommand, so `--help` stays fast.
+Heavy imports (torch, transformers) happen inside the subcommands that need them (each marked
+`# deferred:`), so `--help` and the light commands stay fast.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import shlex
 import sys
 from pathlib import Path
 
 import click
 
 from mini_trainer import __version__
+from mini_trainer.data.mix import REPLAY, WEIGHT, MixInput, write_mix
+from mini_trainer.data.mix import check_inputs as check_mix_inputs
+from mini_trainer.data.outputs import check_outputs, check_writable
+from mini_trainer.data.split import split_validation as split
+from mini_trainer.data.tokenize import load_chat_tokenizer, tokenize_jsonl, tokenizer_warnings
+from mini_trainer.data.validate import build_index, read_vocab_size, summary_text, write_index
+from mini_trainer.distributed.slurm import plan_launch, with_allocation
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import atomic_write_text
+from mini_trainer.manifest import (
+    build_manifest,
+    check_manifest_out,
+    parse_eval,
+    parse_run,
+    write_manifest,
+)
+from mini_trainer.models.hub import hub_source, resolve_once_per_node
+from mini_trainer.models.hub import resolve_model as resolve
+from mini_trainer.plan.inputs import Cluster, make_plan
+from mini_trainer.plan.render import table
+from mini_trainer.report.build import build_report
+from mini_trainer.train import launch as launch_training
+from mini_trainer.train import main as train_main
+from mini_trainer.training_args import parse_training_args, split_launcher_args
 
 
 class _Group(click.Group):
@@ -53,8 +81,6 @@ def model_options(help: str):
 
 def resolve_model_option(model: str, revision: str, weights: bool = True) -> Path:
     """The local folder of a `--model` value (a Hub id is resolved once per node)."""
-    from mini_trainer.models.hub import resolve_once_per_node
-
     return resolve_once_per_node(model, revision, weights).folder
 
 
@@ -75,6 +101,7 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
     OUT/data/<task>.{train,eval}.jsonl in the pre-tokenized format. Deterministic:
     the same seed gives byte-identical files.
     """
+    # deferred: torch, transformers (the demo's model and tokenizer)
     from mini_trainer.demo.assets import DemoSpec, build_demo_assets
 
     counts = build_demo_assets(out, DemoSpec(seed=seed), overwrite=force)
@@ -138,12 +165,7 @@ def validate(
     (the first 50, then the total); on any problem the exit status is 2 and neither output
     is written. A progress bar appears when stderr is a terminal.
     """
-    from mini_trainer.data.outputs import check_outputs
-    from mini_trainer.data.validate import build_index, read_vocab_size, summary_text, write_index
-
     check_outputs({"--out-index": out_index, "--out-summary": out_summary}, [data], force)
-    from mini_trainer.models.hub import hub_source
-
     folder = resolve_model_option(model, model_revision, weights=False)
     vocab_size = read_vocab_size(folder)
     index, summary = build_index(
@@ -199,9 +221,6 @@ def split_validation(
 
     Lines are copied unchanged and in order; check both outputs with `validate`.
     """
-    from mini_trainer.data.outputs import check_outputs
-    from mini_trainer.data.split import split_validation as split
-
     inputs = [data, *([exclude] if exclude else [])]
     check_outputs({"--out-train": out_train, "--out-validation": out_validation}, inputs, force)
     kept, drawn = split(data, fraction, seed, out_train, out_validation, exclude)
@@ -250,10 +269,6 @@ def tokenize(
     Every problem is printed as FILE:LINE: FIELD: reason; on any problem the exit status is 2
     and OUT is not written.
     """
-    from mini_trainer.data.outputs import check_outputs
-    from mini_trainer.data.tokenize import load_chat_tokenizer, tokenize_jsonl, tokenizer_warnings
-    from mini_trainer.data.validate import read_vocab_size
-
     check_outputs({"--out": out}, [in_path], force)
     model = resolve_model_option(model, model_revision, weights=False)
     vocab_size = read_vocab_size(model)
@@ -313,12 +328,9 @@ def mix(
 
     Deterministic for a seed; lines are copied unchanged (validate the result before training).
     """
-    from mini_trainer.data.mix import REPLAY, WEIGHT, MixInput, check_inputs, write_mix
-    from mini_trainer.data.outputs import check_outputs
-
     inputs = [MixInput(p, WEIGHT, w) for p, w in weighted]
     inputs += [MixInput(p, REPLAY, f) for p, f in replay]
-    check_inputs(inputs)
+    check_mix_inputs(inputs)
     check_outputs(
         {"--out": out, "--out-sidecar": out_sidecar}, [item.path for item in inputs], force
     )
@@ -355,8 +367,7 @@ def osft_svd(
     truncated or corrupt. Under torchrun the targets are split over the ranks; SVDs run on the
     GPU when there is one. OUT appears complete or not at all.
     """
-    import logging
-
+    # deferred: torch, transformers
     from mini_trainer.osft.build import build_cache
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -381,12 +392,6 @@ def resolve_model(model: str, model_revision: str, out: Path | None) -> None:
     folder is printed as it is. The JSON is written only if it would change, so a pipeline
     reruns its downstream steps only when the commit does.
     """
-    import json
-
-    from mini_trainer.data.outputs import check_writable
-    from mini_trainer.io_utils import atomic_write_text
-    from mini_trainer.models.hub import resolve_model as resolve
-
     if out is not None:  # before any download
         check_writable(out.parent, "--out")
     resolved = resolve(model, model_revision)
@@ -413,16 +418,10 @@ def train(train_args: tuple[str, ...]) -> None:
     error once and exits with the documented status; without it, it is one worker, to run
     under torchrun: torchrun --nproc-per-node N $(which mini-trainer) train ...
     """
-    from mini_trainer.training_args import split_launcher_args
-
     torchrun_args, worker_args = split_launcher_args(list(train_args))
     if torchrun_args is None:
-        from mini_trainer.train import main as train_main
-
         sys.exit(train_main(worker_args))
-    from mini_trainer.distributed.launcher import launch
-
-    sys.exit(launch(torchrun_args, worker_args))
+    sys.exit(launch_training(torchrun_args, worker_args))
 
 
 @cli.command("evaluate")
@@ -489,9 +488,7 @@ def evaluate(
     sharded as in training:
     torchrun --nproc-per-node N -m mini_trainer evaluate --model M --data D --out F.json
     """
-    import logging
-    import os
-
+    # deferred: torch, transformers
     from mini_trainer.evaluate.command import run_evaluate, summary_line
 
     rank = int(os.environ.get("RANK", "0"))
@@ -543,8 +540,6 @@ def report(inputs: tuple[Path, ...], out: Path, manifest: Path | None, force: bo
     training output folders or evaluate JSONs. A missing or failed evaluation is shown as
     missing, never filled in.
     """
-    from mini_trainer.report.build import build_report
-
     page = build_report(out, manifest, list(inputs), force)
     click.echo(f"wrote {page}")
 
@@ -602,14 +597,6 @@ def manifest(
     evaluation JSONs, run folders and data summaries of an experiment. Paths are written as
     given and not checked: `report` shows a missing file as a missing cell.
     """
-    from mini_trainer.manifest import (
-        build_manifest,
-        check_manifest_out,
-        parse_eval,
-        parse_run,
-        write_manifest,
-    )
-
     check_manifest_out(out, force)
     content = build_manifest(
         list(tasks),
@@ -652,12 +639,6 @@ def launch(
     torchrun runs as `train --nproc-per-node` runs it: signals forwarded to the workers, each
     error printed once, exit status 0, 2, 3, 75 or 1 (docs/training.md). See docs/slurm.md.
     """
-    import os
-    import shlex
-
-    from mini_trainer.distributed.slurm import plan_launch, with_allocation
-    from mini_trainer.training_args import parse_training_args
-
     flags = list(train_args)
     parse_training_args(flags)  # a bad flag fails here, before any process or node starts
     plan = plan_launch(with_allocation(os.environ), nproc_per_node, flags, rdzv_port=rdzv_port)
@@ -670,11 +651,9 @@ def launch(
     if plan.torchrun is None:
         # exec, not a child: Slurm's and the user's signals go straight to srun.
         os.execvp(plan.argv[0], plan.argv)
-    # torchrun's elastic agent in this process, as `train --nproc-per-node` runs it: signals
-    # forwarded to the workers, each error printed once, the documented exit status.
-    from mini_trainer.distributed.launcher import launch as launch_workers
-
-    sys.exit(launch_workers(plan.torchrun, flags))
+    # torchrun's elastic agent in this process: the launch path of `train --nproc-per-node`
+    # (signals forwarded to the workers, each error printed once, the documented exit status).
+    sys.exit(launch_training(plan.torchrun, flags))
 
 
 @cli.command(
@@ -740,10 +719,7 @@ def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
     fits (the JSON's per_gpu.fits says), or 4 with --require-fit when it does not.
     See docs/plan.md.
     """
-    import json
-
-    from mini_trainer.plan.inputs import Cluster, make_plan
-    from mini_trainer.plan.render import table
+    # deferred: torch
     from mini_trainer.training.flops import peak_flops
 
     if gpu_name is not None and peak_flops(gpu_name) is None and peak_tflops is None:

@@ -1,7 +1,12 @@
 """The training job's entry point: `torchrun --nproc-per-node N -m mini_trainer.train --help`.
 
 Arguments are parsed and checked here, the process group is started, and the run itself is
-`training/loop.py`'s `train`, which reads top to bottom in named phases.
+`training/loop.py`'s `train`, which reads top to bottom in named phases. `launch` is the one
+launch path (`mini-trainer train --nproc-per-node`, `mini-trainer launch`, `run_training`): the
+flags checked here once per node, then the workers started by `distributed/launcher.py`.
+
+torch is imported only once the flags are good (the imports marked `# deferred:`), so a bad
+flag is one line at once, before any worker starts.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ import logging
 import os
 import sys
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
+from mini_trainer.distributed.launcher import supervise, write_report
+from mini_trainer.distributed.lifetime import stop_with_parent
 from mini_trainer.errors import UserError
-from mini_trainer.models.hub import not_a_model
-from mini_trainer.training_args import TrainingArgs, parse_training_args
+from mini_trainer.models.hub import not_a_model, resolve_model, resolve_once_per_node
+from mini_trainer.training_args import TorchrunArgs, TrainingArgs, parse_training_args
 
 log = logging.getLogger("mini_trainer")
 
@@ -31,7 +39,7 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
     if problem := not_a_model(args.model_name_or_path, "--model-name-or-path"):
         problems.append(problem)
     elif Path(args.model_name_or_path).is_dir():
-        # here, not at the top: torch is imported only once the flags are good
+        # deferred: torch, only once the flags are good
         from mini_trainer.models.safetensors_file import check_weight_files
 
         try:
@@ -58,8 +66,9 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
 def check_output_dir(out: Path, resume: bool | str) -> None:
     """Refuse at once a folder that the job's rank 0 would refuse (run_folder.py's rule, without
     reading state contents); a folder in use by a running job is left to the lock's message."""
-    from mini_trainer.training.run_folder import classify, start_decision
+    # deferred: torch, only once the flags are good
     from mini_trainer.distributed.run_lock import in_use
+    from mini_trainer.training.run_folder import classify, start_decision
 
     if not in_use(out):
         start_decision(classify(out, verify_contents=False), resume)
@@ -68,10 +77,6 @@ def check_output_dir(out: Path, resume: bool | str) -> None:
 def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
     """A Hub id resolved (once per node) to its cache snapshot folder, the revision pinned to
     its commit: the run, its records and its fingerprint then name the exact weights."""
-    from dataclasses import replace
-
-    from mini_trainer.models.hub import resolve_once_per_node
-
     resolved = resolve_once_per_node(
         args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
     )
@@ -82,9 +87,8 @@ def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one worker of the job; return its exit status (see distributed/launcher.py)."""
-    from mini_trainer.distributed.lifetime import stop_with_parent
+    # deferred: torch (distributed/runtime.py); `launch` imports this module without it
     from mini_trainer.distributed.runtime import env_world
-    from mini_trainer.distributed.launcher import write_report
 
     rank, local_rank, world_size = env_world()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun's agent: stop if it dies
@@ -123,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _checkpoint_exception() -> type[BaseException]:
     """DCP's `CheckpointException` (a BaseException, so `except Exception` misses it)."""
+    # deferred: torch, only once the flags are good
     from torch.distributed.checkpoint.api import CheckpointException
 
     return CheckpointException
@@ -142,9 +147,10 @@ def _print_error(error: UserError, rank: int, local_rank: int, started: bool) ->
 
 
 def run(args: TrainingArgs) -> int:
+    # deferred: torch, only once the flags are good
+    from mini_trainer.distributed.run_lock import release
     from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.training.loop import train
-    from mini_trainer.distributed.run_lock import release
 
     runtime = init_runtime()
     try:
@@ -152,6 +158,28 @@ def run(args: TrainingArgs) -> int:
     finally:
         release()
         shutdown()
+
+
+def pin_model_revision(args: TrainingArgs, train_argv: list[str]) -> list[str]:
+    """Resolve a Hub id here, once per node before any worker starts (its errors print once),
+    and hand the workers the commit, so every rank reads the same snapshot from the cache."""
+    resolved = resolve_model(
+        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
+    )
+    if resolved.commit is None:
+        return train_argv
+    return [*train_argv, "--model-revision", resolved.commit]
+
+
+def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:
+    """Start the training job on this node and supervise it; return its exit status.
+
+    The one launch path: `mini-trainer train --nproc-per-node`, `mini-trainer launch` (in each
+    Slurm task) and `run_training` (through `mini-trainer train`) all run it. The flags are
+    checked here, before any worker starts, so a bad flag is one line at once."""
+    args = parse_training_args(train_argv)
+    check_inputs(args, torchrun_args.nproc_per_node * torchrun_args.nnodes)
+    return supervise(torchrun_args, pin_model_revision(args, train_argv))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""`mini-trainer train --nproc-per-node N ...`: torchrun's launcher, with one clean outcome.
+"""torchrun's launcher for the training job, with one clean outcome.
 
-Plain torchrun exits 1 whatever its workers returned, prints its own traceback after theirs,
-shows only some ranks' output, and dies on SIGUSR1 leaving its workers orphaned. This module
-runs the same elastic agent in-process (`torch.distributed.run`'s own argument parsing and
-`elastic_launch`), and:
-- checks the training arguments before any worker starts (a bad flag is one line, at once);
+`mini-trainer train --nproc-per-node N`, `mini-trainer launch` and `run_training` all start the
+workers here (`supervise`, called by `train.launch` once the flags are checked; a bad flag is one
+line, before any worker starts). Plain torchrun exits 1 whatever its workers returned, prints
+its own traceback after theirs, shows only some ranks' output, and dies on SIGUSR1 leaving its
+workers orphaned. This module runs the same elastic agent in-process (`torch.distributed.run`'s
+own argument parsing and `elastic_launch`), and:
 - forwards SIGTERM, SIGINT and SIGUSR1 to every worker (they finish the step, save, exit 75);
 - has workers write a report instead of printing their error (`write_report`, in a per-launch
   folder named by `REPORT_DIR_ENV`), then prints each distinct error line once, whichever rank
@@ -27,6 +28,12 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mini_trainer.distributed.preemption import EXIT_PREEMPTED
+
+if TYPE_CHECKING:
+    from mini_trainer.training_args import TorchrunArgs
 
 REPORT_DIR_ENV = "MINI_TRAINER_REPORT_DIR"
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
@@ -67,8 +74,6 @@ def exit_status(reports: list[dict], failures: dict[int, int]) -> tuple[int, lis
     A user error anywhere wins over the crashes it causes on the other ranks (they lose their
     peer); then a preemption (75); then the first crash; then any other failing exit code.
     """
-    from mini_trainer.distributed.preemption import EXIT_PREEMPTED
-
     with_lines = [report for report in reports if report["lines"]]
     if with_lines:
         seen: dict[str, None] = {}
@@ -93,41 +98,43 @@ def exit_status(reports: list[dict], failures: dict[int, int]) -> tuple[int, lis
     return 0, []
 
 
-def pin_model_revision(args, train_argv: list[str]) -> list[str]:
-    """Resolve a Hub id here, once per node before any worker starts (its errors print once),
-    and hand the workers the commit, so every rank reads the same snapshot from the cache."""
-    from mini_trainer.models.hub import resolve_model
-
-    resolved = resolve_model(
-        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
-    )
-    return (
-        train_argv
-        if resolved.commit is None
-        else [*train_argv, "--model-revision", resolved.commit]
-    )
+WORKER_MODULE = "mini_trainer.train"
+"""The module each worker runs (`python -m mini_trainer.train FLAGS`)."""
 
 
-def launch(torchrun_args, train_argv: list[str]) -> int:
-    """Run the training job on this node's workers; return the job's exit status."""
+def worker_argv(torchrun_args: TorchrunArgs, train_flags: list[str]) -> list[str]:
+    """torchrun's arguments for the training job: its settings, then the worker and its flags.
+
+    The one place that builds the worker command: the launcher runs it, `launch --dry-run`
+    prints it (`torchrun_command`)."""
+    return [*torchrun_args.to_cli_args(), "-m", WORKER_MODULE, *train_flags]
+
+
+def torchrun_command(
+    torchrun_args: TorchrunArgs, train_flags: list[str], python: str = sys.executable
+) -> list[str]:
+    """`PYTHON -m torch.distributed.run TORCHRUN_ARGS -m mini_trainer.train TRAIN_FLAGS`."""
+    return [python, "-m", "torch.distributed.run", *worker_argv(torchrun_args, train_flags)]
+
+
+def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
+    """Run the training job on this node's workers with torchrun's elastic agent in this
+    process; return the job's exit status. The flags are not checked here: `train.launch`
+    checks them first (the one launch path of `train --nproc-per-node`, `launch` and
+    `run_training`)."""
+    # deferred: torch (workers import this module for write_report before their flags are read)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    from mini_trainer.train import check_inputs
-    from mini_trainer.training_args import parse_training_args
-
-    args = parse_training_args(train_argv)
-    check_inputs(args, torchrun_args.nproc_per_node * torchrun_args.nnodes)
-    train_argv = pin_model_revision(args, train_argv)
-    torchrun_argv = [
-        *torchrun_args.to_cli_args(),
-        *("--signals-to-handle", FORWARDED_SIGNALS),
-        *("--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)),
-        *("-m", "mini_trainer.train", *train_argv),
-    ]
-    parsed = parse_args(torchrun_argv)
+    parsed = parse_args(
+        [
+            *("--signals-to-handle", FORWARDED_SIGNALS),
+            *("--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)),
+            *worker_argv(torchrun_args, train_flags),
+        ]
+    )
     if parsed.standalone:  # what torch.distributed.run.run does before config_from_args
         parsed.rdzv_backend, parsed.rdzv_endpoint = "c10d", "localhost:0"
         parsed.rdzv_id = str(uuid.uuid4())

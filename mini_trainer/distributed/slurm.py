@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from mini_trainer.api_train import torchrun_command
+from mini_trainer.distributed.launcher import torchrun_command
 from mini_trainer.errors import UserError
 from mini_trainer.training_args import TorchrunArgs
 
@@ -158,7 +158,7 @@ def plan_launch(
     train = list(train_flags)
     if not env.get("SLURM_JOB_ID"):
         torchrun = TorchrunArgs(nproc_per_node=nproc_per_node)
-        return LaunchPlan("standalone", _torchrun_argv(python, torchrun, train), torchrun)
+        return LaunchPlan("standalone", torchrun_command(torchrun, train, python), torchrun)
 
     job_id = _int(env, "SLURM_JOB_ID")
     if "SLURM_STEP_ID" not in env:
@@ -170,7 +170,7 @@ def plan_launch(
     tasks = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
     if tasks == 1:
         torchrun = TorchrunArgs(nproc_per_node=nproc_per_node)
-        return LaunchPlan("standalone", _torchrun_argv(python, torchrun, train), torchrun)
+        return LaunchPlan("standalone", torchrun_command(torchrun, train, python), torchrun)
     proc_id = _int(env, "SLURM_PROCID")
     nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or ""
     port = rdzv_port or _int(env, PORT_ENV, rendezvous_port(job_id, step_id))
@@ -182,11 +182,7 @@ def plan_launch(
         rdzv_endpoint=f"{first_host(nodelist)}:{port}",
         rdzv_conf=f"is_host={'true' if proc_id == 0 else 'false'}",
     )
-    return LaunchPlan("slurm-task", _torchrun_argv(python, torchrun, train), torchrun)
-
-
-def _torchrun_argv(python: str, torchrun: TorchrunArgs, train_flags: list[str]) -> list[str]:
-    return torchrun_command(torchrun, train_flags, python=python)
+    return LaunchPlan("slurm-task", torchrun_command(torchrun, train, python), torchrun)
 
 
 def _srun_argv(
