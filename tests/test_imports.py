@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -73,14 +74,18 @@ def imported_modules(node: ast.Import | ast.ImportFrom, modules: dict[str, Path]
     return out
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(), str(path))
+
+
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Module -> the package modules it imports, at the top or inside functions."""
     modules = module_files(package)
     graph = {}
     for name, path in modules.items():
-        tree = ast.parse(path.read_text(), str(path))
         targets: set[str] = set()
-        for node, _ in import_nodes(tree):
+        for node, _ in import_nodes(parsed(path)):
             targets |= imported_modules(node, modules)
         graph[name] = targets - {name}
     return graph
@@ -116,7 +121,7 @@ def undeferred_imports(package: Path = PACKAGE) -> list[str]:
     for path in module_files(package).values():
         source = path.read_text()
         lines = source.splitlines()
-        for node, in_function in import_nodes(ast.parse(source, str(path))):
+        for node, in_function in import_nodes(parsed(path)):
             if not in_function or DEFERRED in lines[node.lineno - 1]:
                 continue
             above = node.lineno - 2
@@ -179,7 +184,7 @@ def callers(name: str, package: Path = PACKAGE) -> set[str]:
     """`module.function` of every function of the package that calls `name(...)`."""
     found = set()
     for module, path in module_files(package).items():
-        for function in ast.walk(ast.parse(path.read_text(), str(path))):
+        for function in ast.walk(parsed(path)):
             if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) and any(
                 isinstance(call, ast.Call) and ast.unparse(call.func) == name
                 for call in ast.walk(function)
