@@ -19,6 +19,7 @@ import torch
 
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import publish_dir, temp_sibling
 from mini_trainer.osft import cache, svd
 from mini_trainer.osft.targets import candidate_linears, select_targets
 
@@ -59,10 +60,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
     tmp = None
     try:
         if rank == 0:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+            tmp = temp_sibling(out, is_dir=True)
         tmp = broadcast_object(tmp, runtime) if runtime else tmp
         started = time.perf_counter()
         mine = _factorize(model_dir, list(targets)[rank::world], tmp, rank)
@@ -74,8 +72,6 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
         if rank == 0:
             meta = _meta(model_dir, patterns, targets, gathered)
             (tmp / cache.META).write_text(json.dumps(meta, indent=2) + "\n")
-            from mini_trainer.io_utils import publish_dir
-
             publish_dir(tmp, out)
             log.info("osft-svd: %d targets in %.1f s -> %s", len(targets),
                      time.perf_counter() - started, out)  # fmt: skip
