@@ -15,6 +15,7 @@ from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
+from mini_trainer.log_setup import setup_logging
 from mini_trainer.models.hub import not_a_model
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
@@ -89,11 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, local_rank, world_size = env_world()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun's agent: stop if it dies
         stop_with_parent()
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"[rank{rank}] %(asctime)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    setup_logging(rank)
     started = False
     try:
         args = parse_training_args(argv)
