@@ -56,7 +56,7 @@ def throughput(repeats: int) -> None:
     from mini_trainer.evaluate.runner import evaluate_model
     from mini_trainer.training.loss import make_loss_fn
     from mini_trainer.training.method import make_method
-    from mini_trainer.training.model_setup import build_model
+    from mini_trainer.training.model_setup import ModelSpec, build_model
     from mini_trainer.training.validation import Validator
     from mini_trainer.training_args import TrainingArgs
 
@@ -69,7 +69,7 @@ def throughput(repeats: int) -> None:
         )  # fmt: skip
         validator = Validator(args, runtime)
         loss_fn = make_loss_fn(False, runtime.device.type)
-        model, config = build_model(args, loss_fn, runtime, make_method(args))
+        model, config = build_model(ModelSpec.of(args), loss_fn, runtime, make_method(args))
         model.train()
         pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         rates = {"inside": [], "evaluate": []}
@@ -78,7 +78,7 @@ def throughput(repeats: int) -> None:
             if repeat % 2:
                 ours = evaluate_model(model_dir, val, runtime, max_tokens_per_gpu=2048)
             inside = validator.evaluate(model, pad_id)
-            assert model.training and model.loss_fn is loss_fn  # put back as it was
+            assert model.training and model.loss_fn is loss_fn  # left as it was
             if not repeat % 2:
                 ours = evaluate_model(model_dir, val, runtime, max_tokens_per_gpu=2048)
             assert abs(inside["loss"] - ours["loss"]) <= 1e-5 * ours["loss"]

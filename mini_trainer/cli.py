@@ -7,7 +7,6 @@ Heavy imports (torch, transformers) happen inside the subcommands that need them
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shlex
 import sys
@@ -16,6 +15,17 @@ from pathlib import Path
 import click
 
 from mini_trainer import __version__
+from mini_trainer.cli_options import (
+    EXISTING_FILE,
+    FILE,
+    force_option,
+    max_tokens_option,
+    model_options,
+    on_long_option,
+    out_option,
+    resolve_model_option,
+    seed_option,
+)
 from mini_trainer.data.mix import REPLAY, WEIGHT, MixInput, write_mix
 from mini_trainer.data.mix import check_inputs as check_mix_inputs
 from mini_trainer.data.outputs import check_outputs, check_writable
@@ -25,6 +35,7 @@ from mini_trainer.data.validate import build_index, read_vocab_size, summary_tex
 from mini_trainer.distributed.slurm import plan_launch, with_allocation
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_write_text
+from mini_trainer.log_setup import setup_logging
 from mini_trainer.manifest import (
     build_manifest,
     check_manifest_out,
@@ -32,7 +43,7 @@ from mini_trainer.manifest import (
     parse_run,
     write_manifest,
 )
-from mini_trainer.models.hub import hub_source, resolve_once_per_node
+from mini_trainer.models.hub import hub_source
 from mini_trainer.models.hub import resolve_model as resolve
 from mini_trainer.plan.inputs import Cluster, make_plan
 from mini_trainer.plan.render import table
@@ -63,37 +74,10 @@ def cli() -> None:
     """
 
 
-def model_options(help: str):
-    """`--model` (a local folder, or a Hugging Face Hub id ORG/NAME) and `--model-revision`."""
-
-    def decorate(command):
-        command = click.option(
-            "--model-revision", default="main", show_default=True, metavar="REV",
-            help="Hub id only: branch, tag or commit; the commit it resolves to is recorded.",
-        )(command)  # fmt: skip
-        return click.option(
-            "--model", required=True, metavar="FOLDER|ORG/NAME",
-            help=help + " A local folder wins; else ORG/NAME is fetched into the HF cache.",
-        )(command)  # fmt: skip
-
-    return decorate
-
-
-def resolve_model_option(model: str, revision: str, weights: bool = True) -> Path:
-    """The local folder of a `--model` value (a Hub id is resolved once per node)."""
-    return resolve_once_per_node(model, revision, weights).folder
-
-
 @cli.command("demo-assets")
-@click.option(
-    "--out",
-    "out",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder to create; gets model/ and data/.",
-)
-@click.option("--seed", default=0, show_default=True, help="Seeds tokenizer, weights and data.")
-@click.option("--force", is_flag=True, help="Replace existing model/ and data/ folders.")
+@out_option("Folder to create; gets model/ and data/.", folder=True)
+@seed_option("Seeds tokenizer, weights and data.")
+@force_option("Replace existing model/ and data/ folders.")
 def demo_assets(out: Path, seed: int, force: bool) -> None:
     """Build the offline demo: a tiny Llama, a local BPE tokenizer and synthetic tasks.
 
@@ -111,32 +95,19 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
 
 
 @cli.command("validate")
-@click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("data", type=EXISTING_FILE)
 @model_options("Model; only its config.json is read (for the vocabulary size).")
-@click.option(
-    "--max-tokens-per-gpu",
-    required=True,
-    type=click.IntRange(min=1),
-    help="Token cap per micro-batch; a longer sample can never be trained on.",
+@max_tokens_option("Token cap per micro-batch; a longer sample can never be trained on.")
+@out_option(
+    "Parquet index to write: line, byte offset, bytes, len, loss tokens per sample.",
+    name="--out-index",
 )
-@click.option(
-    "--out-index",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Parquet index to write: line, byte offset, bytes, len, loss tokens per sample.",
+@out_option(
+    "JSON summary to write: counts, tokens, length percentiles, vocabulary size.",
+    name="--out-summary",
 )
-@click.option(
-    "--out-summary",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="JSON summary to write: counts, tokens, length percentiles, vocabulary size.",
-)
-@click.option(
-    "--on-long",
-    type=click.Choice(["error", "drop"]),
-    default="error",
-    show_default=True,
-    help="What a sample longer than --max-tokens-per-gpu is: an error, or dropped and counted.",
+@on_long_option(
+    "What a sample longer than --max-tokens-per-gpu is: an error, or dropped and counted."
 )
 @click.option(
     "--workers",
@@ -144,7 +115,7 @@ def demo_assets(out: Path, seed: int, force: bool) -> None:
     default=None,
     help="Processes that check the file [default: the usable CPUs, at most 8].",
 )
-@click.option("--force", is_flag=True, help="Replace existing index and summary files.")
+@force_option("Replace existing index and summary files.")
 def validate(
     data: Path,
     model: str,
@@ -181,33 +152,23 @@ def validate(
 
 
 @cli.command("split-validation")
-@click.argument("data", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("data", type=EXISTING_FILE)
 @click.option(
     "--fraction",
     required=True,
     type=float,
     help="Share of DATA's samples (not blank, not in --exclude) that become validation samples.",
 )
-@click.option("--seed", type=int, default=42, show_default=True, help="Which samples are drawn.")
+@seed_option("Which samples are drawn.", default=42)
 @click.option(
     "--exclude",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    type=EXISTING_FILE,
     default=None,
     help="An eval JSONL: a sample with the same input_ids is never drawn for validation.",
 )
-@click.option(
-    "--out-train",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="DATA without the drawn samples.",
-)
-@click.option(
-    "--out-validation",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The drawn samples.",
-)
-@click.option("--force", is_flag=True, help="Replace existing output files.")
+@out_option("DATA without the drawn samples.", name="--out-train")
+@out_option("The drawn samples.", name="--out-validation")
+@force_option("Replace existing output files.")
 def split_validation(
     data: Path,
     fraction: float,
@@ -228,30 +189,17 @@ def split_validation(
 
 
 @cli.command("tokenize")
-@click.argument(
-    "in_path", metavar="IN", type=click.Path(exists=True, dir_okay=False, path_type=Path)
-)
+@click.argument("in_path", metavar="IN", type=EXISTING_FILE)
 @model_options("Model with the tokenizer and its chat template.")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Pre-tokenized JSONL to write.",
-)
+@out_option("Pre-tokenized JSONL to write.")
 @click.option(
     "--max-len",
     type=click.IntRange(min=1),
     default=None,
     help="Longest conversation in tokens (default: no limit). Longer ones are never truncated.",
 )
-@click.option(
-    "--on-long",
-    type=click.Choice(["error", "drop"]),
-    default="error",
-    show_default=True,
-    help="What a conversation longer than --max-len is: an error, or left out and counted.",
-)
-@click.option("--force", is_flag=True, help="Replace an existing output file.")
+@on_long_option("What a conversation longer than --max-len is: an error, or left out and counted.")
+@force_option("Replace an existing output file.")
 def tokenize(
     in_path: Path,
     model: str,
@@ -291,7 +239,7 @@ def tokenize(
     "--input",
     "weighted",
     multiple=True,
-    type=(click.Path(dir_okay=False, path_type=Path), float),
+    type=(FILE, float),
     metavar="FILE WEIGHT",
     help="A JSONL file and its weight (its share of the output); the first one's samples all "
     "appear once.",
@@ -299,22 +247,15 @@ def tokenize(
 @click.option(
     "--replay",
     multiple=True,
-    type=(click.Path(dir_okay=False, path_type=Path), float),
+    type=(FILE, float),
     metavar="FILE FRACTION",
     help="A JSONL file and the fraction (0..1) of its samples to add, without replacement.",
 )
-@click.option("--seed", default=0, show_default=True, help="Seeds which samples are chosen.")
-@click.option(
-    "--out", required=True, type=click.Path(dir_okay=False, path_type=Path), help="Mixed JSONL."
-)
-@click.option(
-    "--out-sidecar",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="JSON saying which (input, line) each output line is.",
-)
+@seed_option("Seeds which samples are chosen.")
+@out_option("Mixed JSONL.")
+@out_option("JSON saying which (input, line) each output line is.", name="--out-sidecar")
 @click.option("--oversample", is_flag=True, help="Allow a weight to repeat a file's samples.")
-@click.option("--force", is_flag=True, help="Replace existing output files.")
+@force_option("Replace existing output files.")
 def mix(
     weighted: tuple[tuple[Path, float], ...],
     replay: tuple[tuple[Path, float], ...],
@@ -343,12 +284,7 @@ def mix(
 
 @cli.command("osft-svd")
 @model_options("Model (safetensors weights) whose targeted weights are factorized.")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Cache folder to write: factors-*.safetensors and meta.json.",
-)
+@out_option("Cache folder to write: factors-*.safetensors and meta.json.", folder=True)
 @click.option(
     "--target-patterns",
     multiple=True,
@@ -356,7 +292,7 @@ def mix(
     "default: the q/k/v/o and gate/up/down projections. Must equal train's "
     "--osft-target-patterns.",
 )
-@click.option("--force", is_flag=True, help="Replace an existing cache folder.")
+@force_option("Replace an existing cache folder.")
 def osft_svd(
     model: str, model_revision: str, out: Path, target_patterns: tuple[str, ...], force: bool
 ) -> None:
@@ -370,7 +306,7 @@ def osft_svd(
     # deferred: torch, transformers
     from mini_trainer.osft.build import build_cache
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    setup_logging()
     patterns = [p for value in target_patterns for p in value.split(",") if p] or None
     meta = build_cache(resolve_model_option(model, model_revision), out, patterns, force)
     if meta is not None:
@@ -380,10 +316,10 @@ def osft_svd(
 
 @cli.command("resolve-model")
 @model_options("Model to resolve.")
-@click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None,
-    help="JSON to write: folder, Hub id, revision and commit (the pipeline's model record).",
-)  # fmt: skip
+@out_option(
+    "JSON to write: folder, Hub id, revision and commit (the pipeline's model record).",
+    required=False,
+)
 def resolve_model(model: str, model_revision: str, out: Path | None) -> None:
     """Fetch a Hub model into the Hugging Face cache (or find it there) and print its folder.
 
@@ -432,18 +368,9 @@ def train(train_args: tuple[str, ...]) -> None:
     type=click.Path(path_type=Path),
     help="Pre-tokenized eval JSONL (the training format), checked as `validate` checks it.",
 )
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Metrics JSON to write.",
-)
-@click.option(
-    "--max-tokens-per-gpu",
-    type=click.IntRange(min=1),
-    default=8192,
-    show_default=True,
-    help="Tokens per packed micro-batch per process; a longer sample is an error.",
+@out_option("Metrics JSON to write.")
+@max_tokens_option(
+    "Tokens per packed micro-batch per process; a longer sample is an error.", default=8192
 )
 @click.option(
     "--lm-eval-tasks",
@@ -465,7 +392,7 @@ def train(train_args: tuple[str, ...]) -> None:
     "--lm-eval-limit", type=click.IntRange(min=1), default=None,
     help="Evaluate only the first N documents of each harness task (for quick checks).",
 )  # fmt: skip
-@click.option("--force", is_flag=True, help="Replace an existing --out file.")
+@force_option("Replace an existing --out file.")
 def evaluate(
     model: str,
     model_revision: str,
@@ -492,11 +419,7 @@ def evaluate(
     from mini_trainer.evaluate.command import run_evaluate, summary_line
 
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"[rank{rank}] %(asctime)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    setup_logging(rank)
     try:
         model = resolve_model_option(model, model_revision)
         result = run_evaluate(
@@ -517,19 +440,14 @@ def evaluate(
 
 @cli.command("report")
 @click.argument("inputs", nargs=-1, type=click.Path(path_type=Path), metavar="[INPUT]...")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Folder to write report.html and its PNG plots into.",
-)
+@out_option("Folder to write report.html and its PNG plots into.", folder=True)
 @click.option(
     "--manifest",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=FILE,
     default=None,
     help="JSON naming each run / eval / data summary with its method, lr, stage and task.",
 )
-@click.option("--force", is_flag=True, help="Replace an existing OUT/report.html.")
+@force_option("Replace an existing OUT/report.html.")
 def report(inputs: tuple[Path, ...], out: Path, manifest: Path | None, force: bool) -> None:
     """An HTML report with plots: training curves, accuracy matrices, AA/BWT, frontiers.
 
@@ -545,12 +463,7 @@ def report(inputs: tuple[Path, ...], out: Path, manifest: Path | None, force: bo
 
 
 @cli.command("manifest")
-@click.option(
-    "--out",
-    required=True,
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="MANIFEST.json to write (the input of `mini-trainer report --manifest`).",
-)
+@out_option("MANIFEST.json to write (the input of `mini-trainer report --manifest`).")
 @click.option(
     "--task",
     "tasks",
@@ -582,7 +495,7 @@ def report(inputs: tuple[Path, ...], out: Path, manifest: Path | None, force: bo
     metavar="PATH TASK",
     help="A `validate` summary JSON of a task's training file (repeat).",
 )
-@click.option("--force", is_flag=True, help="Replace an existing manifest.")
+@force_option("Replace an existing manifest.")
 def manifest(
     out: Path,
     tasks: tuple[str, ...],

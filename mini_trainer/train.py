@@ -23,6 +23,7 @@ from mini_trainer.data.outputs import check_writable
 from mini_trainer.distributed.launcher import supervise, write_report
 from mini_trainer.distributed.lifetime import stop_with_parent
 from mini_trainer.errors import UserError
+from mini_trainer.log_setup import setup_logging
 from mini_trainer.models.hub import not_a_model, resolve_model, resolve_once_per_node
 from mini_trainer.training_args import TorchrunArgs, TrainingArgs, parse_training_args
 
@@ -93,11 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     rank, local_rank, world_size = env_world()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun's agent: stop if it dies
         stop_with_parent()
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"[rank{rank}] %(asctime)s %(message)s",
-        datefmt="%H:%M:%S",
-    )
+    setup_logging(rank)
     started = False
     try:
         args = parse_training_args(argv)

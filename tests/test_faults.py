@@ -139,19 +139,15 @@ def _model_copy(demo_dir, tmp_path):
 
 def _load(model):
     """Build the training model from `model` in a world of one process, as `train` does."""
-    from types import SimpleNamespace
-
     from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.method import FullFineTuning
     from mini_trainer.training.loss import make_loss_fn
-    from mini_trainer.training.model_setup import build_model
+    from mini_trainer.training.model_setup import ModelSpec, build_model
 
-    args = SimpleNamespace(
-        model_name_or_path=str(model), activation_checkpointing=False, cpu_offload=False
-    )
     runtime = init_runtime()
     try:
-        return build_model(args, make_loss_fn(False, "cpu"), runtime, FullFineTuning())
+        spec = ModelSpec(str(model))
+        return build_model(spec, make_loss_fn(False, "cpu"), runtime, FullFineTuning())
     finally:
         shutdown()
 

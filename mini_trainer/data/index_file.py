@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mini_trainer.errors import UserError
-from mini_trainer.io_utils import atomic_path
+from mini_trainer.io_utils import atomic_path, hash_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,12 +33,10 @@ def fingerprint(path: str | os.PathLike) -> dict:
     """Size, mtime and a blake2b hash of the first and last MiB of `path` (cheap, any size)."""
     path = Path(path)
     stat = path.stat()
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as handle:
-        digest.update(handle.read(EDGE_BYTES))
-        if stat.st_size > EDGE_BYTES:
-            handle.seek(max(EDGE_BYTES, stat.st_size - EDGE_BYTES))
-            digest.update(handle.read(EDGE_BYTES))
+    ranges = [(0, EDGE_BYTES)]
+    if stat.st_size > EDGE_BYTES:
+        ranges.append((max(EDGE_BYTES, stat.st_size - EDGE_BYTES), EDGE_BYTES))
+    digest = hash_file(hashlib.blake2b(digest_size=16), path, ranges)
     return {
         "path": str(path.resolve()),
         "size": stat.st_size,

@@ -35,6 +35,8 @@ from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 if TYPE_CHECKING:
     from mini_trainer.training_args import TorchrunArgs
 
+from mini_trainer.io_utils import atomic_write_text
+
 REPORT_DIR_ENV = "MINI_TRAINER_REPORT_DIR"
 FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 SHUTDOWN_TIMEOUT_S = 300
@@ -50,10 +52,7 @@ def write_report(rank: int, exit_code: int, lines=(), traceback: str | None = No
     report = {"rank": rank, "exit": exit_code, "lines": list(lines), "time": time.time()}
     if traceback:
         report["traceback"] = traceback
-    path = Path(folder) / f"rank{rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report))
-    os.replace(tmp, path)
+    atomic_write_text(Path(folder) / f"rank{rank}.json", json.dumps(report))
     return True
 
 

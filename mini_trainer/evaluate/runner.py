@@ -8,8 +8,9 @@ the same thing:
   padding-free micro-batches, balanced across ranks, each collated by `collate_packed`, so the
   target of position t is `labels[t + 1]` of the same sample and no sample sees another;
 - the model is `build_model`'s FSDP2-sharded `CausalLMWithLoss` (a world of one without
-  torchrun), whose loss function is swapped for `chunked_eval_stats` per micro-batch: the
-  logits of the whole row never exist.
+  torchrun), built from a `ModelSpec` as training builds it; each call is handed
+  `chunked_eval_stats`, bound to its micro-batch's samples, as its loss: the logits of the
+  whole row never exist, and the model is never changed.
 Each rank sums its micro-batches; one all-reduce gives the totals.
 """
 
@@ -20,7 +21,6 @@ import logging
 import math
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ from mini_trainer.errors import UserError
 from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
 from mini_trainer.method import FullFineTuning
 from mini_trainer.models.safetensors_file import check_weight_files
-from mini_trainer.training.model_setup import build_model
+from mini_trainer.training.model_setup import ModelSpec, build_model
 
 log = logging.getLogger("mini_trainer")
 
@@ -80,10 +80,8 @@ def evaluate_model(
     stats_fn = chunked_eval_stats
     if chunk_size is not None:
         stats_fn = functools.partial(chunked_eval_stats, chunk_size=chunk_size)
-    setup = SimpleNamespace(
-        model_name_or_path=str(model_path), activation_checkpointing=False, cpu_offload=False
-    )
-    model, config = build_model(setup, stats_fn, runtime, FullFineTuning())
+    # No loss of its own: every call below passes the statistics as its loss.
+    model, config = build_model(ModelSpec(str(model_path)), None, runtime, FullFineTuning())
     model.eval()
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
     totals = evaluate_loaded(model, dataset, runtime, max_tokens_per_gpu, pad_id, stats_fn)
@@ -97,9 +95,10 @@ def evaluate_loaded(
 
     This is the evaluator, shared by `mini-trainer evaluate` and validation during training
     (`training/validation.py`): samples are split over the ranks by tokens (`plan_step`), each
-    rank sums its micro-batches, and one all-reduce gives the totals. The model's `loss_fn` is
-    replaced per micro-batch by `stats_fn` (default `chunked_eval_stats`); the caller restores
-    it when the model trains on. Runs under `no_grad`; the caller sets eval mode.
+    rank sums its micro-batches, and one all-reduce gives the totals. Each micro-batch's call
+    gets `stats_fn` (default `chunked_eval_stats`) as its loss, bound to that micro-batch's
+    samples; the model itself, its own loss included, is left as it was. Runs under
+    `no_grad`; the caller sets eval mode.
     """
     stats_fn = stats_fn or chunked_eval_stats
     plan = plan_step(
@@ -119,12 +118,12 @@ def evaluate_loaded(
             micro = collate_packed(samples, plan.batch_num_loss_tokens, pad_id).to(runtime.device)
             lengths = [len(s["input_ids"]) for s in samples] or [micro.input_ids.shape[1]]
             # The loss function sees flattened positions only; bind which sample each one is.
-            model.loss_fn = functools.partial(
+            stats = functools.partial(
                 stats_fn,
                 sample_ids=sample_ids_of(lengths, runtime.device),
                 num_samples=len(lengths),
             )
-            sums = model(micro.input_ids, micro.position_ids, micro.target_ids)
+            sums = model(micro.input_ids, micro.position_ids, micro.target_ids, loss_fn=stats)
             loss_sum += sums.loss_sum.item()
             correct += sums.num_correct
             loss_tokens += sums.num_loss_tokens

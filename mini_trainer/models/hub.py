@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import atomic_write_text
 
 HUB_ID = re.compile(
     r"^(?!.*(--|\.\.))[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}$"
@@ -308,7 +309,4 @@ def _answer_path(name: str, revision: str, weights: bool) -> Path:
 
 
 def _write_answer(path: Path, reply: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(reply))
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(reply))

@@ -23,7 +23,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.distributed.runtime import broadcast_object, init_runtime
 from mini_trainer.errors import UserError
-from mini_trainer.io_utils import publish_dir
+from mini_trainer.io_utils import publish_dir, temp_sibling
 from mini_trainer.osft import cache, svd
 from mini_trainer.osft.targets import candidate_linears, select_targets
 
@@ -58,10 +58,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
     tmp = None
     try:
         if rank == 0:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir()
+            tmp = temp_sibling(out, is_dir=True)
         tmp = broadcast_object(tmp, runtime) if runtime else tmp
         started = time.perf_counter()
         mine = _factorize(model_dir, list(targets)[rank::world], tmp, rank)

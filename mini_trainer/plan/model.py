@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from mini_trainer.errors import UserError
-from mini_trainer.method import FullFineTuning
+from mini_trainer.method import FullFineTuning, MethodContext
 from mini_trainer.osft.method import OSFT
 from mini_trainer.osft.targets import layer_index
 from mini_trainer.training.loss import chunked_linear_cross_entropy
@@ -94,8 +95,12 @@ class PlannedOSFT(OSFT):
 def build(config, args):
     """(wrapped meta model, method): the model `build_model` would shard, without memory."""
     method = PlannedOSFT(args) if args.osft else FullFineTuning()
+    context = MethodContext(None, Path(args.output_dir or "."), None)  # a fresh start
     try:
-        wrapped = meta_model(config, args, chunked_linear_cross_entropy, method)
+        wrapped = meta_model(
+            config, chunked_linear_cross_entropy, method, context,
+            activation_checkpointing=args.activation_checkpointing,
+        )  # fmt: skip
     except (ValueError, KeyError, AttributeError, TypeError) as error:
         raise UserError(f"{args.model_name_or_path}: cannot build this model ({error})") from None
     decoder_layers(wrapped.model)  # an UserError for a model without decoder layers

@@ -8,7 +8,6 @@ leaves no half page behind.
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
+from mini_trainer.io_utils import publish_file
 from mini_trainer.report import html as h
 from mini_trainer.report import metrics
 from mini_trainer.report.inputs import (
@@ -161,8 +161,7 @@ def build_report(
         )
         names = sorted(p.name for p in tmp.iterdir())
         for name in [n for n in names if n != "report.html"] + ["report.html"]:
-            os.chmod(tmp / name, 0o644)
-            os.replace(tmp / name, out_dir / name)
+            publish_file(tmp / name, out_dir / name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return page_path

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from transformers import AutoTokenizer, GenerationConfig
 
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
-from mini_trainer.io_utils import atomic_path, publish_dir
+from mini_trainer.io_utils import atomic_path, publish_dir, temp_sibling
 from mini_trainer.models.export import export_hf_weights
 from mini_trainer.training.run_folder import state_dirs
 from mini_trainer.training.state_checksums import write_checksums
@@ -36,12 +36,7 @@ MAX_SHARD_BYTES = 5 * 1024**3
 
 def _shared_temp_dir(final: Path, runtime: Runtime) -> Path:
     """A temporary sibling of `final` created by rank 0, its name known to every rank."""
-    name = None
-    if runtime.is_main:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        name = f".{final.name}.tmp-{os.getpid()}"
-        shutil.rmtree(final.parent / name, ignore_errors=True)
-        (final.parent / name).mkdir()
+    name = temp_sibling(final, is_dir=True).name if runtime.is_main else None
     return final.parent / broadcast_object(name, runtime)
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mini_trainer.io_utils import hash_file
 from mini_trainer.models.hub import hub_source
 
 FULL_HASH_BYTES = 64 * 1024**2
@@ -70,18 +71,12 @@ def file_digest(path: str | os.PathLike) -> str:
     size = path.stat().st_size
     digest = hashlib.blake2b(digest_size=16)
     digest.update(str(size).encode())
-    with open(path, "rb") as handle:
-        if size <= FULL_HASH_BYTES:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-            return digest.hexdigest()
-        digest.update(handle.read(EDGE_BYTES))
-        handle.seek(size - EDGE_BYTES)
-        digest.update(handle.read(EDGE_BYTES))
-        for offset in np.linspace(EDGE_BYTES, size - EDGE_BYTES - BLOCK_BYTES, SAMPLED_BLOCKS):
-            handle.seek(int(offset))
-            digest.update(handle.read(BLOCK_BYTES))
-    return digest.hexdigest()
+    if size <= FULL_HASH_BYTES:
+        return hash_file(digest, path).hexdigest()
+    offsets = np.linspace(EDGE_BYTES, size - EDGE_BYTES - BLOCK_BYTES, SAMPLED_BLOCKS)
+    ranges = [(0, EDGE_BYTES), (size - EDGE_BYTES, EDGE_BYTES)]
+    ranges += [(int(offset), BLOCK_BYTES) for offset in offsets]
+    return hash_file(digest, path, ranges).hexdigest()
 
 
 def options_fingerprint(args) -> dict:

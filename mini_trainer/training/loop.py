@@ -35,7 +35,7 @@ from mini_trainer.training.flops import ModelFlops
 from mini_trainer.training.loss import make_loss_fn
 from mini_trainer.training.method import make_method
 from mini_trainer.training.metrics import MetricsLogger, peak_memory_gb, truncate_metrics
-from mini_trainer.training.model_setup import build_model
+from mini_trainer.training.model_setup import ModelSpec, build_model
 from mini_trainer.training.optimizer import build_optimizer, build_scheduler, finish_gradients
 from mini_trainer.training.prefetch import StepPrefetcher
 from mini_trainer.training.run_folder import recording_bad_input
@@ -80,7 +80,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     method = make_method(args)
     loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
     context = MethodContext(runtime=runtime, out=out, resumed_from=resumed_from)
-    model, config = build_model(args, loss_fn, runtime, method, context)
+    model, config = build_model(ModelSpec.of(args), loss_fn, runtime, method, context)
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
 
     # -- optimizer

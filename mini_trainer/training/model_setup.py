@@ -9,6 +9,7 @@ shards: no rank ever holds the whole model, so host memory does not grow with th
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,9 +24,31 @@ from mini_trainer.models.loading import load_sharded_weights
 from mini_trainer.training import packed_attention
 from mini_trainer.training.attention import pick_attention
 from mini_trainer.training.compile import compile_layers
-from mini_trainer.training.loss import logit_head
+from mini_trainer.training.loss import LossFn, logit_head
 
 log = logging.getLogger("mini_trainer")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What building the training model depends on, named: training (`of(args)`) and
+    evaluation (a folder alone) call the same `build_model` with one, so neither fakes the
+    other's argument object."""
+
+    model_path: str
+    activation_checkpointing: bool = False
+    cpu_offload: bool = False
+    compile: bool = False
+
+    @classmethod
+    def of(cls, args) -> ModelSpec:
+        """The model options of a run's `TrainingArgs`."""
+        return cls(
+            model_path=args.model_name_or_path,
+            activation_checkpointing=args.activation_checkpointing,
+            cpu_offload=args.cpu_offload,
+            compile=args.compile,
+        )
 
 
 class CausalLMWithLoss(nn.Module):
@@ -35,9 +58,13 @@ class CausalLMWithLoss(nn.Module):
     (chunked or Liger), so the tokens x vocabulary logits are never materialised. Being the FSDP
     root, this module's forward runs with the root's parameters (embeddings, final norm, LM head)
     unsharded, so `lm_head.weight` can be handed to the loss directly.
+
+    `loss_fn` is the model's own loss (training's), fixed when it is built; a caller that
+    wants other sums (evaluation's statistics, bound to the micro-batch's samples) passes its
+    function to the call, so the model is never changed between micro-batches.
     """
 
-    def __init__(self, model: nn.Module, loss_fn):
+    def __init__(self, model: nn.Module, loss_fn: LossFn | None):
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
@@ -45,11 +72,23 @@ class CausalLMWithLoss(nn.Module):
         self.head = logit_head(model.config)
 
     def forward(
-        self, input_ids, position_ids, target_ids, loss_rows=None, **attention_kwargs
-    ) -> torch.Tensor:
-        """Summed loss of the row. The training loop passes what the collator built on the
-        host (`loss_rows`, and the sample boundaries as `attention.attention_kwargs`), so the
-        forward needs no host sync; without them, boundaries are found from the position ids."""
+        self,
+        input_ids,
+        position_ids,
+        target_ids,
+        loss_rows=None,
+        *,
+        loss_fn: LossFn | None = None,
+        **attention_kwargs,
+    ):
+        """Summed loss of the row, by `loss_fn` when given, else by the model's own. The
+        training loop passes what the collator built on the host (`loss_rows`, and the sample
+        boundaries as `attention.attention_kwargs`), so the forward needs no host sync; without
+        them, boundaries are found from the position ids."""
+        if loss_fn is None:
+            loss_fn = self.loss_fn
+        if loss_fn is None:
+            raise TypeError("CausalLMWithLoss: built without a loss; pass loss_fn= to the call")
         if not attention_kwargs and self.model.config._attn_implementation == packed_attention.NAME:
             # Sample bounds once per micro-batch, not once per layer.
             bounds = [packed_attention.segment_bounds(row) for row in position_ids]
@@ -58,7 +97,7 @@ class CausalLMWithLoss(nn.Module):
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention_kwargs
         ).last_hidden_state
         head = self.model.get_output_embeddings()
-        return self.loss_fn(
+        return loss_fn(
             hidden.flatten(0, 1), head.weight, target_ids.flatten(), rows=loss_rows,
             bias=head.bias, logit_scale=self.head.logit_scale, softcap=self.head.softcap,
         )  # fmt: skip
@@ -83,17 +122,21 @@ def load_config(model_path: str, attention: str):
 
 
 def meta_model(
-    config, args, loss_fn, method, log_main: bool = False, context: MethodContext | None = None
+    config,
+    loss_fn: LossFn | None,
+    method,
+    context: MethodContext,
+    *,
+    activation_checkpointing: bool = False,
+    log_main: bool = False,
 ) -> CausalLMWithLoss:
     """The training model on the meta device (no memory): adapted by the method (told about the
-    run by `context`; without one, a fresh start in `args.output_dir`), activation checkpointing
-    set, wrapped with the loss. Also what `mini-trainer plan` counts from."""
+    run by `context`), activation checkpointing set, wrapped with the loss. Also what
+    `mini-trainer plan` counts from."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if context is None:  # not a training run (evaluation and plan build it without a folder)
-        context = MethodContext(None, Path(getattr(args, "output_dir", None) or "."), None)
     method.adapt_model(model, context)
-    if args.activation_checkpointing:
+    if activation_checkpointing:
         model.activation_checkpointing_enable(
             activation_checkpointing_kwargs={"use_reentrant": False}
         )
@@ -122,32 +165,39 @@ def fsdp_units(wrapped: CausalLMWithLoss) -> list[nn.Module]:
 
 
 def build_model(
-    args, loss_fn, runtime: Runtime, method, context: MethodContext | None = None
+    spec: ModelSpec,
+    loss_fn: LossFn | None,
+    runtime: Runtime,
+    method,
+    context: MethodContext | None = None,
 ) -> tuple[CausalLMWithLoss, object]:
-    """The FSDP2-sharded training model and its config, weights loaded from the model folder.
+    """The FSDP2-sharded training model and its config, weights loaded from `spec.model_path`.
 
-    `method` (mini_trainer/method.py) adapts the meta-device model before sharding (told about the
-    run by `context`) and converts rank 0's dense weights into the adapted model's state before
-    they are broadcast.
+    `method` (mini_trainer/method.py) adapts the meta-device model before sharding (told about
+    the run by `context`; without one, a model outside any run, as evaluation builds it) and
+    converts rank 0 dense weights into the adapted model state before they are broadcast.
+    `loss_fn` is the model own loss (None: every call passes one).
     """
-    model_path = args.model_name_or_path
     attention = pick_attention(runtime)
-    config = load_config(model_path, attention)
+    config = load_config(spec.model_path, attention)
     if runtime.is_main:
         log.info("attention implementation: %s", attention)
 
-    if context is None:  # not a training run: evaluation builds the model without a folder
-        context = MethodContext(runtime, Path(getattr(args, "output_dir", None) or "."), None)
-    wrapped = meta_model(config, args, loss_fn, method, log_main=runtime.is_main, context=context)
-    if getattr(args, "compile", False):  # evaluation's own setup has no such field
+    if context is None:
+        context = MethodContext(runtime, Path("."), None)
+    wrapped = meta_model(
+        config, loss_fn, method, context,
+        activation_checkpointing=spec.activation_checkpointing, log_main=runtime.is_main,
+    )  # fmt: skip
+    if spec.compile:
         compile_layers(decoder_layers(wrapped.model), attention, runtime.is_cuda, runtime.is_main)
-    if args.cpu_offload and not runtime.is_cuda:
+    if spec.cpu_offload and not runtime.is_cuda:
         raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")
-    shard_kwargs = shard_policy(runtime.is_cuda, args.cpu_offload)
+    shard_kwargs = shard_policy(runtime.is_cuda, spec.cpu_offload)
     for unit in fsdp_units(wrapped):
         fully_shard(unit, **shard_kwargs)
 
-    wrapped.to_empty(device="cpu" if args.cpu_offload else runtime.device)
+    wrapped.to_empty(device="cpu" if spec.cpu_offload else runtime.device)
     # Rank 0 streams the checkpoint tensor by tensor into every rank's shards.
-    load_sharded_weights(wrapped, model_path, method.convert_weights, runtime)
+    load_sharded_weights(wrapped, spec.model_path, method.convert_weights, runtime)
     return wrapped, config

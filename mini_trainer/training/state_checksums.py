@@ -14,13 +14,12 @@ rank 0 verifies alone at resume time, since it alone decides which state to load
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch.distributed as dist
 
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
-from mini_trainer.io_utils import file_sha256
+from mini_trainer.io_utils import atomic_write_text, file_sha256
 
 CHECKSUMS = "checksums.json"
 
@@ -30,16 +29,9 @@ def listed_files(folder: Path) -> list[tuple[str, int]]:
     found = [
         (path.name, path.stat().st_size)
         for path in folder.iterdir()
-        if path.is_file() and path.name != CHECKSUMS and not path.name.startswith(".tmp-")
+        if path.is_file() and path.name != CHECKSUMS and not path.name.startswith(f".{CHECKSUMS}")
     ]
     return sorted(found, key=lambda item: (-item[1], item[0]))
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def write_checksums(folder: Path, runtime: Runtime) -> None:
@@ -63,9 +55,7 @@ def write_checksums(folder: Path, runtime: Runtime) -> None:
     if runtime.is_main:
         table = {name: entry for share in shares for name, entry in (share or {}).items()}
         text = json.dumps({"algorithm": "sha256", "files": dict(sorted(table.items()))}, indent=1)
-        tmp = folder / f".tmp-{CHECKSUMS}"
-        _write_synced(tmp, text)
-        os.replace(tmp, folder / CHECKSUMS)
+        atomic_write_text(folder / CHECKSUMS, text, fsync=True)
 
 
 def verify(folder: Path) -> str | None:

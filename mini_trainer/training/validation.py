@@ -12,8 +12,9 @@
   `mini-trainer evaluate` says of the checkpoint exported at step K.
 
 Validation changes nothing else: it draws no random number, never touches the sampler, runs
-under `no_grad` in eval mode (no dropout state advances) and puts the model's mode and loss
-function back as they were, so a run ends with the same weights with or without it.
+under `no_grad` in eval mode (no dropout state advances), hands its statistics to each call
+as the loss (the model's own loss is never touched) and puts the model's mode back as it was,
+so a run ends with the same weights with or without it.
 """
 
 from __future__ import annotations
@@ -227,16 +228,15 @@ class Validator:
         return row
 
     def evaluate(self, model, pad_id: int) -> dict:
-        """`evaluate_loaded` on the training model; its mode and loss function put back."""
+        """`evaluate_loaded` on the training model; its mode put back."""
         # deferred: torch (as in __init__)
         from mini_trainer.evaluate.runner import evaluate_loaded
 
-        was_training, loss_fn = model.training, model.loss_fn
+        was_training = model.training
         model.eval()
         try:
             return evaluate_loaded(model, self.dataset, self.runtime, self.max_tokens, pad_id)
         finally:
-            model.loss_fn = loss_fn
             model.train(was_training)
 
 
