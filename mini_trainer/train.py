@@ -82,7 +82,7 @@ def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one worker of the job; return its exit status (see training/launcher.py)."""
-    from mini_trainer.distributed.lifetime import stop_with_parent
+    from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
     from mini_trainer.training.distributed import env_world
     from mini_trainer.training.launcher import write_report
 
@@ -112,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the training loop listens for it
         print(f"[rank{rank}] interrupted before training started", file=sys.stderr)
         return 130
-    except (Exception, _checkpoint_exception()):
+    except (Exception, _checkpoint_exception()) as error:
+        if line := lost_peer(error):  # another rank died: its loss is the news, not our stack
+            if not write_report(rank, 1, [line], lost_peer=True):
+                print(f"[rank{rank}] error: {line}", file=sys.stderr)
+            return 1
         if not write_report(rank, 1, traceback=traceback.format_exc()):
             raise
         return 1
