@@ -40,7 +40,8 @@ def test_rendezvous_conf_and_local_address_reach_torchrun():
     from torch.distributed.run import parse_args
 
     argv = ["--nnodes", "2", "--nproc-per-node=1", "--rdzv-endpoint", "10.0.0.1:29555",
-            "--rdzv-conf", "is_host=false,read_timeout=30", "--local-addr=10.0.0.2", "--seed", "3"]  # fmt: skip
+            "--rdzv-conf", "is_host=false,read_timeout=30", "--local-addr=10.0.0.2",
+            "--seed", "3"]  # fmt: skip
     torchrun, rest = split_launcher_args(argv)
     assert rest == ["--seed", "3"]
     assert torchrun == TorchrunArgs(
