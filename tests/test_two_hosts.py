@@ -145,7 +145,9 @@ def test_killing_one_host_stops_the_other_with_one_line_and_both_resume_exactly(
     assert time.monotonic() - killed_at < STOP_BOUND_S
     assert host_a.returncode not in (0, 75), stderr
     assert "Traceback" not in stderr and "terminate called" not in stderr, stderr
-    lines = [line for line in stderr.splitlines() if not line.startswith("[rank")]
+    # "[W... socket.cpp] [c10d] The hostname of the client socket cannot be retrieved" at the
+    # start (no reverse DNS in bare namespaces) is c10d's, not the stop's: left out here.
+    lines = [line for line in stderr.splitlines() if not line.startswith(("[rank", "[W"))]
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
     assert "lost" in lines[0] and "--resume" in lines[0], lines[0]
     assert not (out / "final").exists(), "the run finished before host B was killed"

@@ -70,6 +70,7 @@ def lost_peer(error: BaseException) -> str | None:
             reason = text.splitlines()[0]
             if reason.startswith("[") and "] " in reason:  # gloo's "[file.cc:123] " prefix
                 reason = reason.split("] ", 1)[1]
+            reason = reason.split(". This is typically")[0]  # gloo's advice: not for a kill
             return (
                 f"lost contact with another process of this job ({reason}): a process or "
                 "host died or the network failed; run the same command with --resume on every "
