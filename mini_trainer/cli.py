@@ -349,9 +349,10 @@ def resolve_model(model: str, model_revision: str, out: Path | None) -> None:
 def train(train_args: tuple[str, ...]) -> None:
     """Run the training job (same flags as `python -m mini_trainer.train`; see --help).
 
-    With --nproc-per-node N (and --nnodes, --node-rank, --rdzv-endpoint for several nodes)
-    it launches the N workers itself, forwards SIGTERM/SIGINT/SIGUSR1 to them, prints each
-    error once and exits with the documented status; without it, it is one worker, to run
+    With --nproc-per-node N (and --nnodes, --node-rank, --rdzv-endpoint, --rdzv-id,
+    --rdzv-conf, --local-addr for several nodes, as torchrun's) it launches the N workers
+    itself, forwards SIGTERM/SIGINT/SIGUSR1 to them, prints each error once and exits
+    with the documented status; without it, it is one worker, to run
     under torchrun: torchrun --nproc-per-node N $(which mini-trainer) train ...
     """
     torchrun_args, worker_args = split_launcher_args(list(train_args))

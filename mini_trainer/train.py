@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.distributed.launcher import supervise, write_report
-from mini_trainer.distributed.lifetime import stop_with_parent
+from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
 from mini_trainer.errors import UserError
 from mini_trainer.log_setup import setup_logging
 from mini_trainer.models.hub import not_a_model, resolve_model, resolve_once_per_node
@@ -113,7 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C before the training loop listens for it
         print(f"[rank{rank}] interrupted before training started", file=sys.stderr)
         return 130
-    except (Exception, _checkpoint_exception()):
+    except (Exception, _checkpoint_exception()) as error:
+        if line := lost_peer(error):  # another rank died: its loss is the news, not our stack
+            if not write_report(rank, 1, [line], lost_peer=True):
+                print(f"[rank{rank}] error: {line}", file=sys.stderr)
+            return 1
         if not write_report(rank, 1, traceback=traceback.format_exc()):
             raise
         return 1

@@ -324,6 +324,9 @@ class TorchrunArgs:
     """host:port of the rendezvous for several nodes; a single node runs standalone."""
     rdzv_conf: str = ""
     """Extra rendezvous settings for several nodes, like `is_host=true` (torchrun --rdzv-conf)."""
+    local_addr: str = ""
+    """This node's address for the rendezvous, where its host name does not resolve to it
+    (torchrun --local-addr); empty: torchrun's own guess."""
 
     def __post_init__(self) -> None:
         if self.nproc_per_node < 1 or self.nnodes < 1:
@@ -337,6 +340,8 @@ class TorchrunArgs:
         if self.nnodes > 1:
             out += ["--nnodes", str(self.nnodes), "--node-rank", str(self.node_rank)]
             out += ["--rdzv-id", self.rdzv_id, "--rdzv-endpoint", self.rdzv_endpoint]
+            out += ["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []
+            out += ["--local-addr", self.local_addr] if self.local_addr else []
         return out
 
     def to_cli_args(self) -> list[str]:
@@ -357,6 +362,7 @@ class TorchrunArgs:
             "--rdzv-endpoint",
             self.rdzv_endpoint,
             *(["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []),
+            *(["--local-addr", self.local_addr] if self.local_addr else []),
         ]
 
 
@@ -366,6 +372,8 @@ LAUNCHER_FLAGS = {
     "--node-rank": "node_rank",
     "--rdzv-id": "rdzv_id",
     "--rdzv-endpoint": "rdzv_endpoint",
+    "--rdzv-conf": "rdzv_conf",
+    "--local-addr": "local_addr",
 }
 """`mini-trainer train` flags that make it the launcher (TorchrunArgs), not a worker."""
 
@@ -431,7 +439,9 @@ def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.Argumen
         prog=prog,
         description="Full fine-tuning job, one process per GPU (or per CPU slot with gloo). "
         "`mini-trainer train --nproc-per-node N FLAGS` starts the N processes itself (also "
-        "--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id for several nodes), forwards "
+        "--nnodes, --node-rank, --rdzv-endpoint, --rdzv-id for several nodes, and "
+        "--rdzv-conf is_host=true|false and --local-addr ADDRESS where host names do not "
+        "resolve to the node's own address: see docs/slurm.md), forwards "
         "SIGTERM/SIGINT/SIGUSR1 to them and prints each error once; or run one process per "
         "rank under torchrun: torchrun --nproc-per-node N -m mini_trainer.train FLAGS.",
         epilog="Exit status: 0 done; 2 bad input (one line per problem); 3 training diverged "

@@ -34,6 +34,28 @@ def test_launcher_flags_are_split_from_the_worker_flags():
         split_launcher_args(["--nproc-per-node", "two"])
 
 
+def test_rendezvous_conf_and_local_address_reach_torchrun():
+    """`--rdzv-conf` and `--local-addr` (a host whose name does not resolve to its address, as
+    in tests/test_two_hosts.py) pass through to torchrun's own argument parser."""
+    from torch.distributed.run import parse_args
+
+    argv = ["--nnodes", "2", "--nproc-per-node=1", "--rdzv-endpoint", "10.0.0.1:29555",
+            "--rdzv-conf", "is_host=false,read_timeout=30", "--local-addr=10.0.0.2",
+            "--seed", "3"]  # fmt: skip
+    torchrun, rest = split_launcher_args(argv)
+    assert rest == ["--seed", "3"]
+    assert torchrun == TorchrunArgs(
+        nproc_per_node=1, nnodes=2, rdzv_endpoint="10.0.0.1:29555",
+        rdzv_conf="is_host=false,read_timeout=30", local_addr="10.0.0.2",
+    )  # fmt: skip
+    assert split_launcher_args(torchrun.launcher_cli_args()) == (torchrun, [])
+    parsed = parse_args([*torchrun.to_cli_args(), "-m", "mini_trainer.train"])
+    assert (parsed.rdzv_conf, parsed.local_addr) == ("is_host=false,read_timeout=30", "10.0.0.2")
+    assert (parsed.rdzv_endpoint, parsed.nnodes) == ("10.0.0.1:29555", "2")
+    alone = parse_args([*TorchrunArgs(nproc_per_node=2).to_cli_args(), "-m", "x"])
+    assert alone.local_addr is None and alone.rdzv_conf == ""
+
+
 def report(rank, code, when, lines=(), traceback=None):
     out = {"rank": rank, "exit": code, "lines": list(lines), "time": when}
     if traceback:
@@ -54,6 +76,47 @@ def test_exit_status_prefers_the_user_error_to_the_crashes_it_causes():
     assert status == 1 and lines[0] == "error: rank 0 crashed:" and "peer closed" in lines[1]
     assert exit_status([], {1: -9}) == (1, ["error: rank 1 was killed by SIGKILL (out of memory?)"])
     assert exit_status([], {}) == (0, [])
+
+
+def test_a_lost_peer_is_one_line_unless_a_rank_tells_more():
+    """A rank that failed only because another died (another host's processes killed) says so
+    in one line; the dead rank's own story, where this launcher has it, wins."""
+    lost = {**report(0, 1, 2.0, ["lost contact with another process of this job (x)"]),
+            "lost_peer": True}  # fmt: skip
+    assert exit_status([lost], {0: 1}) == (
+        1, ["error: lost contact with another process of this job (x)"]
+    )  # fmt: skip
+    killed = exit_status([lost], {0: 1, 1: -9})
+    assert killed == (1, ["error: rank 1 was killed by SIGKILL (out of memory?)"])
+    user = report(1, 2, 1.0, ["data.jsonl:7: bad"])
+    assert exit_status([lost, user], {0: 1, 1: 2}) == (2, ["error: data.jsonl:7: bad"])
+    crash = report(1, 1, 3.0, traceback="Traceback ...\nValueError: x")
+    assert exit_status([lost, crash], {0: 1, 1: 1})[1][0] == "error: rank 1 crashed:"
+    assert exit_status([lost, report(1, 75, 1.0)], {0: 1})[0] == 75
+
+
+def test_lost_peer_recognises_a_closed_connection_through_causes():
+    from mini_trainer.distributed.lifetime import lost_peer
+
+    gloo = RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:538] Connection closed by peer "
+        "[10.231.0.2]:40123"
+    )
+    try:
+        try:
+            raise gloo
+        except RuntimeError as error:
+            raise RuntimeError("writing state/step_4 failed") from error
+    except RuntimeError as wrapped:
+        line = lost_peer(wrapped)
+    assert line is not None and "\n" not in line
+    assert line.startswith(
+        "lost contact with another process of this job (Connection closed by peer "
+        "[10.231.0.2]:40123)"
+    )
+    assert "--resume" in line
+    assert lost_peer(RuntimeError("CUDA out of memory")) is None
+    assert lost_peer(ValueError("bad value")) is None
 
 
 OUT_OF_VOCAB = 99999

@@ -44,14 +44,20 @@ SHUTDOWN_TIMEOUT_S = 300
 EXIT_CRASH = 1
 
 
-def write_report(rank: int, exit_code: int, lines=(), traceback: str | None = None) -> bool:
-    """In a launched worker: record why this rank exits non-zero; False when not launched."""
+def write_report(
+    rank: int, exit_code: int, lines=(), traceback: str | None = None, lost_peer: bool = False
+) -> bool:
+    """In a launched worker: record why this rank exits non-zero; False when not launched.
+
+    `lost_peer`: this rank failed only because another one died (its `lines` say so)."""
     folder = os.environ.get(REPORT_DIR_ENV)
     if not folder:
         return False
     report = {"rank": rank, "exit": exit_code, "lines": list(lines), "time": time.time()}
     if traceback:
         report["traceback"] = traceback
+    if lost_peer:
+        report["lost_peer"] = True
     atomic_write_text(Path(folder) / f"rank{rank}.json", json.dumps(report))
     return True
 
@@ -71,8 +77,11 @@ def exit_status(reports: list[dict], failures: dict[int, int]) -> tuple[int, lis
     """(exit status, lines to print once) from the workers' reports and exit codes.
 
     A user error anywhere wins over the crashes it causes on the other ranks (they lose their
-    peer); then a preemption (75); then the first crash; then any other failing exit code.
+    peer); then a preemption (75); then the first crash; then a rank killed by a signal; then
+    a rank that lost its peer (another host's rank died); then any other failing exit code.
     """
+    peer_lost = [report for report in reports if report.get("lost_peer")]
+    reports = [report for report in reports if not report.get("lost_peer")]
     with_lines = [report for report in reports if report["lines"]]
     if with_lines:
         seen: dict[str, None] = {}
@@ -90,8 +99,10 @@ def exit_status(reports: list[dict], failures: dict[int, int]) -> tuple[int, lis
     if -1 in failed:  # the launcher itself was signalled and no worker reported a save
         name = signal.Signals(-failed[-1]).name
         return 128 - failed[-1], [f"error: stopped by {name}; no worker reported a saved state"]
+    if peer_lost and not any(code < 0 for code in failed.values()):
+        return EXIT_CRASH, [f"error: {peer_lost[0]['lines'][0]}"]
     if failed:
-        rank, code = min(failed.items())
+        rank, code = min(failed.items(), key=lambda item: (item[1] >= 0, item[0]))
         how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
         return EXIT_CRASH, [f"error: rank {rank} {how} (out of memory?)"]
     return 0, []
