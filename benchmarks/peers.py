@@ -75,11 +75,24 @@ def ordered_samples(data: Path, batch_size: int, steps: int, seed: int) -> list[
     return [rows[i] for _ in range(steps) for i in sampler.next_batch().indices]
 
 
+def fresh_world() -> None:
+    """No process group and no rendezvous variables left by the previous side.
+
+    mini-trainer's world of one sets MASTER_ADDR/RANK/...; seeing them, TRL's accelerate starts a
+    process group of its own and leaves it up, which the next mini-trainer run would then find.
+    """
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        os.environ.pop(name, None)  # a fresh world of one, on a fresh port, every run
+
+
 def run_mini_trainer(model: Path, data: Path, out: Path, args, compiled: bool) -> Run:
     from mini_trainer.train import main
 
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        os.environ.pop(name, None)  # a fresh world of one, on a fresh port, every run
+    fresh_world()
     argv = [
         "--model-name-or-path", str(model), "--data-path", str(data), "--output-dir", str(out),
         "--batch-size", str(args.batch_size), "--max-tokens-per-gpu", "65536",
@@ -120,6 +133,7 @@ def run_trl(model_dir: Path, samples: list[dict], out: Path, args, padding_free:
         def on_step_end(self, *_args, **_kwargs):
             self.seconds.append(time.perf_counter() - self.begun)
 
+    fresh_world()
     started = time.perf_counter()
     dataset = Dataset.from_list([
         {"input_ids": s["input_ids"], "completion_mask": [int(x != -100) for x in s["labels"]]}
@@ -141,6 +155,7 @@ def run_trl(model_dir: Path, samples: list[dict], out: Path, args, padding_free:
     trainer = InOrder(model=model, args=config, train_dataset=dataset, callbacks=[clock])
     trainer.train()
     wall = time.perf_counter() - started
+    fresh_world()
     tokens = [
         sum(len(s["input_ids"]) for s in samples[k * args.batch_size : (k + 1) * args.batch_size])
         for k in range(args.steps)

@@ -193,9 +193,27 @@ def trained_run(demo_dir, tmp_path_factory):
 # Headless Chromium (installed with apt-get as root where missing) and the shared full pipeline
 # run, for the report page's browser test and the pipeline tests.
 from browser import chromium  # noqa: E402, F401
-from pipeline_runs import full_run  # noqa: E402, F401
+from pipeline_runs import full_run, full_run_attempts  # noqa: E402, F401
 
 # The session's one-machine Slurm cluster (tests/slurm/, skipped where it cannot run), and the
 # reference training run its tests compare with.
 from slurm.common import slurm_reference_run  # noqa: E402, F401
 from slurm.harness import slurm_cluster  # noqa: E402, F401
+
+# Under pytest-xdist (the README's test command runs `-n 3 --dist loadgroup`) every worker makes
+# its own copy of a module- or session-scoped fixture. The expensive ones (a whole pipeline run,
+# a Slurm cluster, a trained run) are made once: every test that uses one runs on one worker.
+# Tests that share machine-wide names (network namespaces) are kept on one worker too.
+SHARED_RUN_FIXTURES = (
+    "full_run_attempts", "slurm_cluster", "slurm_reference_run", "validated_run", "svd_cache",
+)  # fmt: skip
+ONE_WORKER_FILES = {"test_two_hosts.py": "two_hosts", "test_compile.py": "compile"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = ONE_WORKER_FILES.get(item.path.name)
+        if group is None:
+            group = next((f for f in SHARED_RUN_FIXTURES if f in item.fixturenames), None)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))

@@ -58,18 +58,30 @@ def compilations(stderr: str) -> int:
     return int(counts[-1][0]) if counts else 0
 
 
+# One compiled run and its eager twin, shared by the tests below: 2 ranks, FSDP2, OSFT's
+# factorized layers, activation checkpointing, the chunked loss and the per-sample packed
+# attention, states every 2 steps.
+FLAGS = {"training-mode": "step", "max-steps": 6, "save-every-steps": 2,
+         "save-final-checkpoint": True, "osft": True, "osft-unfreeze-rank-ratio": 0.5,
+         "activation-checkpointing": True}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def compiled_run(demo_dir, tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("compile")
+    run_torchrun(*base_flags(demo_dir, root / "eager", **FLAGS))
+    compiled = run_torchrun(*base_flags(demo_dir, root / "compiled", **FLAGS, compile=True))
+    return {"root": root, "stderr": compiled.stderr}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)  # a cold compile alone takes minutes on the shared 2 cores
-def test_compiled_steps_equal_eager_with_osft_and_checkpointing(demo_dir, tmp_path):
-    """2 ranks, FSDP2, OSFT's factorized layers, activation checkpointing, chunked loss and
-    the per-sample packed attention: step 1's loss and grad norm equal eager to 1e-5."""
-    flags = {"training-mode": "step", "max-steps": 2, "osft": True,
-             "osft-unfreeze-rank-ratio": 0.5, "activation-checkpointing": True}  # fmt: skip
-    run_torchrun(*base_flags(demo_dir, tmp_path / "eager", **flags))
-    compiled = run_torchrun(*base_flags(demo_dir, tmp_path / "compiled", **flags, compile=True))
-    assert "compile: 4 decoder layers" in compiled.stderr
-    assert compilations(compiled.stderr) > 0  # it did compile, and said so
-    eager, fast = read_metrics(tmp_path / "eager"), read_metrics(tmp_path / "compiled")
+def test_compiled_steps_equal_eager_with_osft_and_checkpointing(compiled_run):
+    """Step 1's loss and grad norm (and step 2's loss) equal eager to 1e-5."""
+    assert "compile: 4 decoder layers" in compiled_run["stderr"]
+    assert compilations(compiled_run["stderr"]) > 0  # it did compile, and said so
+    eager = read_metrics(compiled_run["root"] / "eager")
+    fast = read_metrics(compiled_run["root"] / "compiled")
     assert fast[0]["num_loss_tokens"] == eager[0]["num_loss_tokens"]
     assert fast[0]["loss"] == pytest.approx(eager[0]["loss"], rel=1e-5)
     assert fast[0]["grad_norm"] == pytest.approx(eager[0]["grad_norm"], rel=1e-5)
@@ -78,17 +90,18 @@ def test_compiled_steps_equal_eager_with_osft_and_checkpointing(demo_dir, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_compiled_resume_after_sigkill_matches_uninterrupted_compiled_run(demo_dir, tmp_path):
-    flags = {"training-mode": "step", "max-steps": 6, "save-every-steps": 2,
-             "save-final-checkpoint": True, "compile": True}  # fmt: skip
-    straight = run_torchrun(*base_flags(demo_dir, tmp_path / "straight", **flags))
+def test_compiled_resume_after_sigkill_matches_uninterrupted_compiled_run(
+    demo_dir, compiled_run, tmp_path
+):
+    straight, stderr = compiled_run["root"] / "compiled", compiled_run["stderr"]
     # Steps of many lengths; something new is compiled on the first two rows only (the second
     # makes the graphs after the attention break dynamic), never once per length.
-    lengths = {row["num_tokens"] for row in read_metrics(tmp_path / "straight")}
+    lengths = {row["num_tokens"] for row in read_metrics(straight)}
     assert len(lengths) >= 4
-    news = re.findall(r"compile: \d+ compilations", straight.stderr)
-    assert 1 <= len(news) <= 2 and compilations(straight.stderr) > 0, straight.stderr[-3000:]
+    news = re.findall(r"compile: \d+ compilations", stderr)
+    assert 1 <= len(news) <= 2 and compilations(stderr) > 0, stderr[-3000:]
 
+    flags = {**FLAGS, "compile": True}
     killed = tmp_path / "killed"
     process = subprocess.Popen(
         torchrun_command(*base_flags(demo_dir, killed, **flags)), env=subprocess_env(),
@@ -111,7 +124,7 @@ def test_compiled_resume_after_sigkill_matches_uninterrupted_compiled_run(demo_d
     assert "resumed from" in resumed.stderr
     assert [row["step"] for row in read_metrics(killed)] == list(range(1, 7))
     a = load_file(killed / "final" / "model.safetensors")
-    b = load_file(tmp_path / "straight" / "final" / "model.safetensors")
+    b = load_file(straight / "final" / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
         assert (a[key] - b[key]).abs().max().item() <= 1e-6 * max(b[key].abs().max().item(), 1e-12)

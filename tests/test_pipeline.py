@@ -7,19 +7,15 @@ package through the interpreter that runs Snakemake (`"$MINI_TRAINER_PYTHON" -m 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 from conftest import REPO_ROOT, subprocess_env
@@ -322,119 +318,6 @@ def test_run_key_follows_the_options(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Training for real (what exists today: demo_assets, validate, train): kill, resume, reruns.
-
-
-def _two_sft_methods() -> dict:
-    return demo_config(
-        stages=["sort"],
-        methods={
-            "sft": {"learning_rates": [0.01]},
-            "sft_wd": {"learning_rates": [0.01], "training": {"weight_decay": 0.1}},
-        },
-    )
-
-
-def _kill_tree(process: psutil.Process) -> None:
-    """SIGKILL a process and every descendant (torchrun starts its workers in new sessions)."""
-    victims = [process, *process.children(recursive=True)]
-    for victim in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victim.send_signal(signal.SIGKILL)
-    psutil.wait_procs(victims, timeout=30)
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """The `trainings` target of a two-method demo, with its first training job SIGKILLed
-    (torchrun and its workers) once it has saved a state, then the same command run again."""
-    workdir = make_workdir(tmp_path_factory.mktemp("trained"), _two_sft_methods())
-    command = [*snakemake_command(), "--cores", "2", "trainings"]
-    log = (workdir / "first.log").open("w")
-    first = subprocess.Popen(
-        command, cwd=workdir, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT
-    )
-    killed = None
-    deadline = time.monotonic() + 600
-    try:
-        while killed is None and time.monotonic() < deadline and first.poll() is None:
-            states = sorted(workdir.glob("results/train/*/*/stage1/*/state/step_*"))
-            if states:
-                jobs = psutil.Process(first.pid).children()
-                for job in jobs:
-                    if "mini_trainer launch" in " ".join(job.cmdline()):
-                        _kill_tree(job)
-                killed = states[0].parent.parent
-            time.sleep(0.05)
-        first.wait(timeout=120)
-    finally:
-        if first.poll() is None:
-            _kill_tree(psutil.Process(first.pid))
-        log.close()
-    assert killed is not None, (workdir / "first.log").read_text()[-3000:]
-    assert first.returncode != 0
-    assert not (killed / "final").exists()
-    second = check(snakemake(workdir, "--cores", "2", "trainings"))
-    return {"workdir": workdir, "killed": killed, "second": second}
-
-
-@pytest.mark.slow
-def test_killed_training_resumes_from_its_state(trained):
-    killed = trained["killed"]
-    parts = killed.relative_to(trained["workdir"]).parts  # results/train/M/lrX/stage1/KEY
-    log = trained["workdir"] / "logs" / Path(*parts[1:]).with_suffix(".log")
-    text = log.read_text()
-    match = re.search(r"resumed from \S*state/step_(\d+) \(step (\d+)\)", text)
-    assert match, text[-3000:]
-    assert 4 <= int(match.group(2)) < 24
-    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").open()]
-    assert steps == list(range(1, 25))
-    assert (killed / "final" / "config.json").exists()
-
-
-@pytest.mark.slow
-def test_second_run_does_nothing(trained):
-    result = check(snakemake(trained["workdir"], "-n", "trainings"))
-    assert "Nothing to be done" in result.stdout + result.stderr
-
-
-@pytest.mark.slow
-def test_one_method_change_reruns_only_that_method(trained):
-    workdir = trained["workdir"]
-    config = _two_sft_methods()
-    config["methods"]["sft_wd"]["training"]["weight_decay"] = 0.2
-    changed = write_config(workdir, config, "config/changed.yaml")
-    jobs = planned_jobs(
-        snakemake(workdir, "-n", "trainings", "--configfile", str(changed),
-                  "--replace-workflow-config")
-    )  # fmt: skip
-    assert rule_counts(jobs) == {"train": 1, "trainings": 1}
-    assert all("/sft_wd/" in out for rule, out in jobs if rule == "train")
-
-
-@pytest.mark.slow
-def test_a_run_killed_before_its_first_state_starts_over_and_is_kept(trained):
-    """What a job killed before its first save leaves (steps in metrics.jsonl, no state, no
-    final/): the rerun moves it aside, keeps it, and trains the run from step 1."""
-    workdir = trained["workdir"]
-    (run,) = [p for p in workdir.glob("results/train/*/*/stage1/*") if p != trained["killed"]]
-    shutil.rmtree(run / "final")
-    shutil.rmtree(run / "state")
-    before = (run / "metrics.jsonl").read_text()
-    check(snakemake(workdir, "--cores", "2", "trainings"))
-    (aside,) = run.parent.glob(f"{run.name}.unsaved-*")
-    assert (aside / "metrics.jsonl").read_text() == before  # the earlier attempt, untouched
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").open()]
-    assert steps == list(range(1, 25))
-    assert (run / "final" / "config.json").exists()
-    relative = run.relative_to(workdir)
-    log = (workdir / "logs" / Path(*relative.parts[1:]).with_suffix(".log")).read_text()
-    kept = aside.relative_to(workdir)
-    said = f"no saved state in {relative}: the earlier attempt is kept in {kept}, training"
-    assert said in log, log[:2000]  # the engine's one line (`--resume auto`), in the job's log
-
-
-# ---------------------------------------------------------------------------------------------
 # The whole DAG (needs `mini-trainer osft-svd`, `evaluate` and `report`).
 
 
@@ -546,6 +429,35 @@ def test_full_run_chat_task_is_tokenized_and_replay_trains_on_its_mixture(full_r
     assert [(i["kind"], i["chosen"]) for i in sidecar["inputs"]] == [
         ("weight", CHAT_SAMPLES["train"]), ("replay", 200)]  # fmt: skip
     assert len((full_run / f"{mix}.jsonl").read_text().splitlines()) == sidecar["samples"] == 500
+
+
+@pytest.mark.slow
+def test_killed_training_resumes_from_its_state(full_run_attempts):
+    """The first attempt's training job, SIGKILLed after its first state, resumed from it."""
+    workdir, killed = full_run_attempts["workdir"], full_run_attempts["killed"]
+    parts = killed.relative_to(workdir).parts  # results/train/M/lrX/stageK/KEY
+    log = workdir / "logs" / Path(*parts[1:]).with_suffix(".log")
+    text = log.read_text()
+    match = re.search(r"resumed from \S*state/step_(\d+) \(step (\d+)\)", text)
+    assert match, text[-3000:]
+    max_steps = _full_config()["training"]["max_steps"]
+    assert 1 <= int(match.group(2)) < max_steps
+    steps = [json.loads(line)["step"] for line in (killed / "metrics.jsonl").open()]
+    assert steps == list(range(1, max_steps + 1))
+    assert (killed / "final" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_one_method_change_reruns_only_that_method(full_run):
+    config = _full_config()
+    config["methods"]["osft"]["training"]["osft_unfreeze_rank_ratio"] = 0.25
+    changed = write_config(full_run, config, "config/osft-changed.yaml")
+    jobs = planned_jobs(
+        snakemake(full_run, "-n", "trainings", "--configfile", str(changed),
+                  "--replace-workflow-config")
+    )  # fmt: skip
+    trains = [out for rule, out in jobs if rule == "train"]
+    assert len(trains) == 2 and all("/osft/" in out for out in trains), jobs
 
 
 @pytest.mark.slow
