@@ -87,7 +87,7 @@ manifest_inputs = _bind(pipeline.manifest_inputs)
 manifest_flags = _bind(pipeline.manifest_flags)
 
 
-# The plan rule (mini_trainer/pipeline/commands.py; its files: planning.py).
+# Flags of the plan rule: mini_trainer/pipeline/commands.py (its files come from planning.py).
 plan_flags = _bind(pipeline.plan_flags)
 
 
