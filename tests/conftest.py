@@ -1,76 +1,15 @@
-"""Shared fixtures: the demo assets built once per session, one shared trained run, CLI runners.
+"""Shared fixtures: the demo assets built once per session, one shared trained run, the shared
+pipeline and Slurm runs, and how xdist keeps each expensive one on one worker.
 
-The CLI runs in-process through click's CliRunner (the same `cli` object the entry point runs);
-a few tests run it as `python -m mini_trainer` in a subprocess with this checkout first on
-PYTHONPATH, so the real entry point is exercised too. Training jobs always run in real
-processes (torchrun or the launcher).
+Helpers (CLI and training runners, flags, metrics) are in tests/helpers.py.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def subprocess_env(**extra: str) -> dict[str, str]:
-    """Environment for child processes: this checkout importable, no network, quiet threads."""
-    env = dict(os.environ)
-    # In-process runs (a world of one) set these in the test process; a child must pick its own.
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        env.pop(name, None)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.setdefault("WANDB_MODE", "disabled")
-    env.update(extra)
-    return env
-
-
-def run_cli(
-    *args: str | os.PathLike, check: bool = False, in_process: bool = True, **kwargs
-) -> subprocess.CompletedProcess:
-    """Run `mini-trainer ARGS...`; return the completed process with text stdout/stderr.
-
-    In-process through click's CliRunner by default (no interpreter and torch start-up per
-    call: most of a CLI test's time); `in_process=False` (or any subprocess keyword) runs
-    `python -m mini_trainer` in a child process instead. An unexpected exception shows as a
-    traceback on stderr and exit status 1, as it would in a child.
-    """
-    argv = [str(arg) for arg in args]
-    if in_process and not kwargs:
-        import traceback
-
-        from click.testing import CliRunner
-
-        from mini_trainer.cli import cli
-
-        offline = {key: value for key, value in subprocess_env().items()
-                   if key in ("HF_HUB_OFFLINE", "WANDB_MODE")}  # fmt: skip
-        result = CliRunner(env=offline).invoke(cli, argv, prog_name="mini-trainer")
-        stderr = result.stderr
-        if result.exception is not None and not isinstance(result.exception, SystemExit):
-            stderr += "".join(traceback.format_exception(result.exception))
-        completed = subprocess.CompletedProcess(argv, result.exit_code, result.stdout, stderr)
-    else:
-        completed = subprocess.run(
-            [sys.executable, "-m", "mini_trainer", *argv],
-            capture_output=True,
-            text=True,
-            env=kwargs.pop("env", None) or subprocess_env(),
-            cwd=kwargs.pop("cwd", REPO_ROOT),
-            timeout=kwargs.pop("timeout", 600),
-            **kwargs,
-        )
-    if check and completed.returncode != 0:
-        raise AssertionError(f"mini-trainer {argv} failed:\n{completed.stdout}\n{completed.stderr}")
-    return completed
+from helpers import base_flags, run_cli, run_launcher
 
 
 @pytest.fixture(scope="session")
@@ -95,78 +34,6 @@ def hub_repo(demo_model, tmp_path_factory):
     from hf_cache import build_hub_cache
 
     return build_hub_cache(demo_model, tmp_path_factory.mktemp("hf_home"))
-
-
-def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:
-    """`torchrun --nproc-per-node N -m mini_trainer.train FLAGS` as an argv list."""
-    return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", str(nproc), "-m", "mini_trainer.train", *map(str, train_flags),
-    ]  # fmt: skip
-
-
-def launcher_command(*train_flags, nproc: int = 2, via: str = "train") -> list[str]:
-    """`mini-trainer train --nproc-per-node N FLAGS` (the launcher) as an argv list; with
-    `via="launch"`, `mini-trainer launch --nproc-per-node N -- FLAGS` (the pipeline's way in,
-    which runs the same launcher)."""
-    head = [sys.executable, "-m", "mini_trainer", via, "--nproc-per-node", str(nproc)]
-    return [*head, *(["--"] if via == "launch" else []), *map(str, train_flags)]
-
-
-def run_launcher(
-    *train_flags, nproc: int = 2, timeout: int = 600, via: str = "train"
-) -> subprocess.CompletedProcess:
-    """Run a training job through the launcher; return it whatever its exit status."""
-    return subprocess.run(
-        launcher_command(*train_flags, nproc=nproc, via=via),
-        capture_output=True,
-        text=True,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        timeout=timeout,
-    )
-
-
-def run_torchrun(
-    *train_flags, nproc: int = 2, timeout: int = 600, env: dict | None = None
-) -> subprocess.CompletedProcess:
-    """Run a training job under real torchrun (gloo on CPU); fail the test if it fails."""
-    result = subprocess.run(
-        torchrun_command(*train_flags, nproc=nproc),
-        capture_output=True,
-        text=True,
-        env=subprocess_env(**(env or {})),
-        cwd=REPO_ROOT,
-        timeout=timeout,
-    )
-    if result.returncode != 0:
-        raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
-    return result
-
-
-def base_flags(demo_dir, out, task="sort_plus1", **overrides):
-    flags = {
-        "model-name-or-path": demo_dir / "model",
-        "data-path": demo_dir / "data" / f"{task}.train.jsonl",
-        "output-dir": out,
-        "batch-size": 16,
-        "max-tokens-per-gpu": 512,
-        "learning-rate": 3e-3,
-        "save-dtype": "float32",
-        "seed": 7,
-    }
-    flags.update(overrides)
-    argv = []
-    for key, value in flags.items():
-        if value is True:
-            argv.append(f"--{key}")
-        elif value is not None and value is not False:
-            argv += [f"--{key}", str(value)]
-    return argv
-
-
-def read_metrics(out):
-    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="session")

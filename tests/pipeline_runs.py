@@ -11,22 +11,13 @@ pipeline once for all of them.
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-
-
-def kill_tree(process: psutil.Process) -> None:
-    """SIGKILL a process and every descendant (torchrun starts its workers in new sessions)."""
-    victims = [process, *process.children(recursive=True)]
-    for victim in victims:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            victim.send_signal(signal.SIGKILL)
-    psutil.wait_procs(victims, timeout=30)
+from helpers import kill_tree
 
 
 def run_killing_the_first_training(workdir: Path, command: list[str], env: dict) -> Path:
@@ -64,7 +55,7 @@ def run_killing_the_first_training(workdir: Path, command: list[str], env: dict)
 def full_run_attempts(tmp_path_factory) -> dict:
     """{"workdir": the finished experiment, "killed": the run folder killed in attempt one}."""
     # The workflow helpers live with the pipeline tests (pytest imports that module by name).
-    from conftest import subprocess_env
+    from helpers import subprocess_env
     from test_pipeline import (
         _full_config,
         _write_chat_task,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_torchrun
+from helpers import run_torchrun
 
 pytestmark = pytest.mark.slow
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
-from conftest import (
+from helpers import (
     REPO_ROOT,
     base_flags,
+    kill_when_saved,
     read_metrics,
     run_torchrun,
     subprocess_env,
@@ -103,22 +102,8 @@ def test_compiled_resume_after_sigkill_matches_uninterrupted_compiled_run(
 
     flags = {**FLAGS, "compile": True}
     killed = tmp_path / "killed"
-    process = subprocess.Popen(
-        torchrun_command(*base_flags(demo_dir, killed, **flags)), env=subprocess_env(),
-        cwd=REPO_ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 900
-    while not (killed / "state" / "step_2").exists():
-        assert process.poll() is None, "the run ended before saving step 2"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    victims = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
-    for victim in victims:
-        victim.kill()
-    psutil.wait_procs(victims, timeout=60)
-    process.wait()
-    assert not (killed / "final").exists(), "the run finished before it was killed"
+    argv = torchrun_command(*base_flags(demo_dir, killed, **flags))
+    kill_when_saved(argv, killed / "state" / "step_2", timeout=900)
 
     resumed = run_torchrun(*base_flags(demo_dir, killed, **flags, resume=True))
     assert "resumed from" in resumed.stderr

@@ -9,7 +9,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from mini_trainer.data.dataset import IndexedJsonlDataset
 from mini_trainer.data.validate import build_index, read_vocab_size, write_index

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from mini_trainer.data.mix import REPLAY, WEIGHT, MixInput, plan_mix, sample_counts, write_mix
 from mini_trainer.errors import UserError

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from mini_trainer.data.chat import tokenize_conversation
 from mini_trainer.data.tokenize import load_chat_tokenizer, tokenize_jsonl, tokenizer_warnings

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from mini_trainer.data.validate import build_index, read_vocab_size
 from mini_trainer.errors import UserError

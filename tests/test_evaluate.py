@@ -15,7 +15,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, run_cli, subprocess_env
+from helpers import REPO_ROOT, run_cli, subprocess_env
 
 from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, base_flags, run_cli, subprocess_env
+from helpers import REPO_ROOT, base_flags, run_cli, subprocess_env
 
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import current_umask
@@ -95,7 +95,7 @@ def test_a_full_disk_on_two_ranks_is_one_line_from_every_rank_and_resume_continu
     """The first state fits, the second does not: DCP raises on both ranks; neither prints a
     traceback (rank 1 used to, when rank 0's clean-up freed the disk before rank 1 probed it);
     one line advises --resume, which continues after making room."""
-    from conftest import read_metrics, run_launcher
+    from helpers import read_metrics, run_launcher
 
     with tmpfs(tmp_path / "small", "size=15m") as small:
         out = small / "run"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_cli
+from helpers import run_cli
 
 from mini_trainer import __version__
 from mini_trainer.demo.tasks import TASKS

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT, base_flags, launcher_command, run_cli, subprocess_env
+from helpers import REPO_ROOT, base_flags, launcher_command, run_cli, subprocess_env
 from hf_cache import HubRepo, build_hub_cache, model_files
 
 from mini_trainer.errors import UserError

@@ -7,7 +7,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from conftest import subprocess_env
+from helpers import subprocess_env
 from hf_cache import build_hub_cache, model_files
 from test_pipeline import check, make_workdir, planned_jobs, rule_counts, snakemake_command
 

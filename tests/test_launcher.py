@@ -12,7 +12,7 @@ import time
 
 import psutil
 import pytest
-from conftest import (
+from helpers import (
     REPO_ROOT,
     base_flags,
     launcher_command,

@@ -122,7 +122,7 @@ def test_tied_embeddings_train_under_fsdp2_with_transformers_loss(demo_dir, tmp_
     import json
     import shutil
 
-    from conftest import base_flags, read_metrics, run_launcher
+    from helpers import base_flags, read_metrics, run_launcher
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, subprocess_env
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import load_file, save_file
 

@@ -5,14 +5,21 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
 import torch
-from conftest import REPO_ROOT, run_cli, run_torchrun, subprocess_env, torchrun_command
+from helpers import (
+    REPO_ROOT,
+    base_flags,
+    kill_when_saved,
+    read_metrics,
+    run_cli,
+    run_torchrun,
+    subprocess_env,
+    torchrun_command,
+)
 from safetensors.torch import load_file
-from test_train import assert_weights_close, base_flags, final_weights, read_metrics
+from test_train import assert_weights_close, final_weights
 
 pytestmark = pytest.mark.slow
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -143,21 +150,7 @@ def test_osft_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path)
 
     killed = tmp_path / "killed"
     argv = torchrun_command(*osft_flags(demo_dir, killed, **flags, **{"save-every-steps": 4}))
-    process = subprocess.Popen(
-        argv, env=subprocess_env(), cwd=REPO_ROOT, start_new_session=True,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    deadline = time.monotonic() + 300
-    while not (killed / "state" / "step_4").exists():
-        assert process.poll() is None, "the run ended before saving step 4"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    processes = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
-    for proc in processes:
-        proc.kill()
-    psutil.wait_procs(processes, timeout=60)
-    process.wait()
-    assert not (killed / "final").exists(), "the run finished before it was killed"
+    kill_when_saved(argv, killed / "state" / "step_4")
 
     resumed = {"save-every-steps": 4, "resume": True}
     result = run_torchrun(*osft_flags(demo_dir, killed, **flags, **resumed))

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from conftest import base_flags, run_cli
+from helpers import base_flags, run_cli
 
 SUBCOMMANDS = [
     "demo-assets", "validate", "tokenize", "osft-svd", "train", "launch", "evaluate", "report",

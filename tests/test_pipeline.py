@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, subprocess_env
 
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 EXAMPLE_8GPU = "config/examples/llama-3.1-8b-8gpu.yaml"

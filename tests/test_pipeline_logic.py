@@ -13,7 +13,7 @@ import typing
 
 import pytest
 import yaml
-from conftest import REPO_ROOT
+from helpers import REPO_ROOT
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO_ROOT, run_cli
+from helpers import REPO_ROOT, run_cli
 
 from mini_trainer.errors import UserError
 from mini_trainer.osft.svd import part_shapes

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO_ROOT, run_cli, subprocess_env
+from helpers import REPO_ROOT, run_cli, subprocess_env
 
 from mini_trainer.report.metrics import (
     average_accuracy,

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import REPO_ROOT, base_flags, read_metrics, run_launcher, subprocess_env
+from helpers import REPO_ROOT, base_flags, read_metrics, run_launcher, subprocess_env
 
 from mini_trainer.errors import UserError
 from mini_trainer.training.checkpoint import TRAINER_STATE

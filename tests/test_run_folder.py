@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO_ROOT, base_flags, run_cli
+from helpers import REPO_ROOT, base_flags, run_cli
 
 from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.errors import UserError
@@ -364,7 +364,7 @@ def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(d
     import sys
 
     import pandas as pd
-    from conftest import read_metrics, subprocess_env
+    from helpers import read_metrics, subprocess_env
 
     from mini_trainer.batching.sampler import BatchSampler
 

@@ -9,12 +9,12 @@ import sys
 import time
 
 import numpy as np
-import psutil
 import pytest
 import torch
-from conftest import (
+from helpers import (
     REPO_ROOT,
     base_flags,
+    kill_when_saved,
     read_metrics,
     run_torchrun,
     subprocess_env,
@@ -171,26 +171,7 @@ def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
 
     killed = tmp_path / "killed"
     argv = torchrun_command(*base_flags(demo_dir, killed, **flags, **{"save-every-steps": 5}))
-    process = subprocess.Popen(
-        argv,
-        env=subprocess_env(),
-        cwd=REPO_ROOT,
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 300
-    while not (killed / "state" / "step_5").exists():
-        assert process.poll() is None, "the run ended before saving step 5"
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    # torchrun starts its workers in sessions of their own: kill them all, as Slurm would.
-    processes = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
-    for proc in processes:
-        proc.kill()
-    psutil.wait_procs(processes, timeout=60)
-    process.wait()
-    assert not (killed / "final").exists(), "the run finished before it was killed"
+    kill_when_saved(argv, killed / "state" / "step_5")
     assert not (killed / "state" / "step_20").exists(), "killed too late to test a resume"
 
     # The resumed run keeps only the newest state (--keep-states 1): older ones are pruned.
@@ -241,7 +222,7 @@ def test_signal_saves_state_and_exits_with_documented_status(demo_dir, tmp_path,
 
 
 def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_path):
-    from conftest import run_cli
+    from helpers import run_cli
 
     data = demo_dir / "data" / "sort.train.jsonl"
     index = tmp_path / "sort.parquet"

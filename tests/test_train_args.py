@@ -8,7 +8,7 @@ import sys
 import typing
 
 import pytest
-from conftest import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, subprocess_env
 
 from mini_trainer.api_train import TrainingFailed, build_command, run_training
 from mini_trainer.training_args import (
@@ -84,7 +84,7 @@ def test_existing_run_is_not_overwritten(good_flags, tmp_path, capsys):
 
 
 def test_train_help_is_the_same_through_the_cli():
-    from conftest import run_cli
+    from helpers import run_cli
 
     via_cli = run_cli("train", "--help", check=True).stdout
     via_module = run_train_module("--help").stdout

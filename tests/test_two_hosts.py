@@ -20,7 +20,7 @@ import uuid
 import psutil
 import pytest
 import torch
-from conftest import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, subprocess_env
 from safetensors.torch import load_file
 from slurm.common import STEPS, metrics, train_flags
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from conftest import REPO_ROOT, base_flags, read_metrics, run_cli, run_launcher, subprocess_env
+from helpers import REPO_ROOT, base_flags, read_metrics, run_cli, run_launcher, subprocess_env
 from safetensors.torch import load_file
 
 from mini_trainer.errors import UserError

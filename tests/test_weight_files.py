@@ -9,7 +9,7 @@ import struct
 
 import pytest
 import torch
-from conftest import base_flags, run_cli
+from helpers import base_flags, run_cli
 from safetensors.torch import load_file, save_file
 
 from mini_trainer.errors import UserError

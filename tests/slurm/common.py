@@ -34,7 +34,7 @@ def metrics(out: Path) -> list[dict]:
 @pytest.fixture(scope="session")
 def slurm_reference_run(demo_dir, tmp_path_factory) -> Path:
     """An uninterrupted 2-process single-node run (plain torchrun), the one to match."""
-    from conftest import run_torchrun
+    from helpers import run_torchrun
 
     out = tmp_path_factory.mktemp("reference") / "run"
     run_torchrun(*train_flags(demo_dir, out), nproc=2, timeout=300)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, subprocess_env
 
 from slurm.common import snakemake_slurm
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 import yaml
-from conftest import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, subprocess_env
 from safetensors.torch import load_file
 
 from slurm.common import PROFILE, STEPS, metrics, snakemake_slurm, train_flags

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import subprocess_env
+from helpers import subprocess_env
 from safetensors.torch import load_file
 
 from mini_trainer.distributed.slurm import first_host

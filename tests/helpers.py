@@ -1,0 +1,174 @@
+"""Helpers shared by the tests: child-process environment, CLI and training runners, flags,
+metrics, and killing a training job mid-run. Fixtures live in conftest.py; tests import these
+from here (`from helpers import ...`), never from conftest."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """Environment for child processes: this checkout importable, no network, quiet threads."""
+    env = dict(os.environ)
+    # In-process runs (a world of one) set these in the test process; a child must pick its own.
+    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("WANDB_MODE", "disabled")
+    env.update(extra)
+    return env
+
+
+def run_cli(
+    *args: str | os.PathLike, check: bool = False, in_process: bool = True, **kwargs
+) -> subprocess.CompletedProcess:
+    """Run `mini-trainer ARGS...`; return the completed process with text stdout/stderr.
+
+    In-process through click's CliRunner by default (no interpreter and torch start-up per
+    call: most of a CLI test's time); `in_process=False` (or any subprocess keyword) runs
+    `python -m mini_trainer` in a child process instead. An unexpected exception shows as a
+    traceback on stderr and exit status 1, as it would in a child.
+    """
+    argv = [str(arg) for arg in args]
+    if in_process and not kwargs:
+        import traceback
+
+        from click.testing import CliRunner
+
+        from mini_trainer.cli import cli
+
+        offline = {key: value for key, value in subprocess_env().items()
+                   if key in ("HF_HUB_OFFLINE", "WANDB_MODE")}  # fmt: skip
+        result = CliRunner(env=offline).invoke(cli, argv, prog_name="mini-trainer")
+        stderr = result.stderr
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            stderr += "".join(traceback.format_exception(result.exception))
+        completed = subprocess.CompletedProcess(argv, result.exit_code, result.stdout, stderr)
+    else:
+        completed = subprocess.run(
+            [sys.executable, "-m", "mini_trainer", *argv],
+            capture_output=True,
+            text=True,
+            env=kwargs.pop("env", None) or subprocess_env(),
+            cwd=kwargs.pop("cwd", REPO_ROOT),
+            timeout=kwargs.pop("timeout", 600),
+            **kwargs,
+        )
+    if check and completed.returncode != 0:
+        raise AssertionError(f"mini-trainer {argv} failed:\n{completed.stdout}\n{completed.stderr}")
+    return completed
+
+
+def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:
+    """`torchrun --nproc-per-node N -m mini_trainer.train FLAGS` as an argv list."""
+    return [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", str(nproc), "-m", "mini_trainer.train", *map(str, train_flags),
+    ]  # fmt: skip
+
+
+def launcher_command(*train_flags, nproc: int = 2, via: str = "train") -> list[str]:
+    """`mini-trainer train --nproc-per-node N FLAGS` (the launcher) as an argv list; with
+    `via="launch"`, `mini-trainer launch --nproc-per-node N -- FLAGS` (the pipeline's way in,
+    which runs the same launcher)."""
+    head = [sys.executable, "-m", "mini_trainer", via, "--nproc-per-node", str(nproc)]
+    return [*head, *(["--"] if via == "launch" else []), *map(str, train_flags)]
+
+
+def run_launcher(
+    *train_flags, nproc: int = 2, timeout: int = 600, via: str = "train"
+) -> subprocess.CompletedProcess:
+    """Run a training job through the launcher; return it whatever its exit status."""
+    return subprocess.run(
+        launcher_command(*train_flags, nproc=nproc, via=via),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
+
+
+def run_torchrun(
+    *train_flags, nproc: int = 2, timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run a training job under real torchrun (gloo on CPU); fail the test if it fails."""
+    result = subprocess.run(
+        torchrun_command(*train_flags, nproc=nproc),
+        capture_output=True,
+        text=True,
+        env=subprocess_env(**(env or {})),
+        cwd=REPO_ROOT,
+        timeout=timeout,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def base_flags(demo_dir, out, task="sort_plus1", **overrides):
+    flags = {
+        "model-name-or-path": demo_dir / "model",
+        "data-path": demo_dir / "data" / f"{task}.train.jsonl",
+        "output-dir": out,
+        "batch-size": 16,
+        "max-tokens-per-gpu": 512,
+        "learning-rate": 3e-3,
+        "save-dtype": "float32",
+        "seed": 7,
+    }
+    flags.update(overrides)
+    argv = []
+    for key, value in flags.items():
+        if value is True:
+            argv.append(f"--{key}")
+        elif value is not None and value is not False:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def read_metrics(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def kill_tree(process: psutil.Process) -> None:
+    """SIGKILL a process and every descendant (torchrun starts its workers in new sessions)."""
+    victims = [process, *process.children(recursive=True)]
+    for victim in victims:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            victim.send_signal(signal.SIGKILL)
+    psutil.wait_procs(victims, timeout=60)
+
+
+def kill_when_saved(argv: list[str], marker: Path, timeout: float = 300) -> None:
+    """Run training job ARGV until MARKER (a state folder) exists, then SIGKILL the job and all
+    its processes, as an out-of-memory killer or a lost node would. Fails the test if the job
+    ends first or MARKER does not appear within TIMEOUT seconds."""
+    process = subprocess.Popen(
+        argv, env=subprocess_env(), cwd=REPO_ROOT, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout
+        while not marker.exists():
+            assert process.poll() is None, f"the run ended before saving {marker.name}"
+            assert time.monotonic() < deadline, f"no {marker} after {timeout} s"
+            time.sleep(0.02)
+    finally:
+        if process.poll() is None:
+            kill_tree(psutil.Process(process.pid))
+        process.wait()
+    assert not (marker.parent.parent / "final").exists(), "the run finished before it was killed"
