@@ -77,6 +77,9 @@ SHARED_RUN_FIXTURES = (
 ONE_WORKER_FILES = {"test_two_hosts.py": "two_hosts", "test_compile.py": "compile"}
 
 
+# tryfirst: xdist's own hook turns the markers into the `@group` suffix it schedules by; a
+# marker added after it is ignored (every worker then made its own Slurm cluster and pipeline run).
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = ONE_WORKER_FILES.get(item.path.name)
