@@ -150,19 +150,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                     ends_epoch=batch.ends_epoch,
                     stop_requested=result.stop_requested,
                 )
-                for name in due.exports:
-                    saver.save_hf(name)
-                    progress.samples_at_last_checkpoint = progress.samples_seen
-                if due.state:
-                    saver.save_state(
-                        TrainerState(
-                            progress=replace(progress),
-                            sampler=sampler.state_dict(),
-                            scheduler=scheduler.state_dict(),
-                            fingerprint=run_print,
-                            validation=validator.state_dict() if validator is not None else None,
-                        )
-                    )
+                saver.save_due(due, progress, sampler, scheduler, run_print, validator)
                 if result.stop_requested:
                     log.warning(
                         "stopped by %s after step %d; state saved; exit status %d "
@@ -225,6 +213,22 @@ class Saver:
                 self.out, step, self.model, self.optimizer, trainer_state, self.runtime,
                 self.args.keep_states,
             )  # fmt: skip
+
+    def save_due(self, due, progress: Progress, sampler, scheduler, fingerprint, validator) -> None:
+        """Write what `checkpoints_due` asked for after a step: exports, then the state."""
+        for name in due.exports:
+            self.save_hf(name)
+            progress.samples_at_last_checkpoint = progress.samples_seen
+        if due.state:
+            self.save_state(
+                TrainerState(
+                    progress=replace(progress),
+                    sampler=sampler.state_dict(),
+                    scheduler=scheduler.state_dict(),
+                    fingerprint=fingerprint,
+                    validation=validator.state_dict() if validator is not None else None,
+                )
+            )
 
     def save_hf(self, name: str, extra_json: dict | None = None) -> None:
         divergence.check_weights(self.model, self.runtime)
