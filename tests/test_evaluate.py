@@ -137,6 +137,49 @@ def test_single_process_equals_per_sample_transformers(demo_dir, eval_set, tmp_p
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
+def test_several_files_in_one_run_equal_one_run_each(demo_dir, eval_set, tmp_path):
+    """`--data A --out a --data B --out b` loads the model once and writes what two runs write."""
+    path, _ = eval_set
+    other = demo_dir / "data" / "sort_desc.eval.jsonl"
+    model = demo_dir / "model"
+    result = run_cli(
+        "evaluate", "--model", model, "--data", path, "--out", tmp_path / "a.json",
+        "--data", other, "--out", tmp_path / "b.json", "--max-tokens-per-gpu", 300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("wrote ") == 2
+    for data, name in ((path, "a"), (other, "b")):
+        alone = tmp_path / f"{name}-alone.json"
+        single = run_cli("evaluate", "--model", model, "--data", data, "--out", alone,
+                         "--max-tokens-per-gpu", 300)  # fmt: skip
+        assert single.returncode == 0, single.stderr
+        together = json.loads((tmp_path / f"{name}.json").read_text())
+        apart = json.loads(alone.read_text())
+        assert together["data"] == str(data)
+        for key in ("loss", "token_accuracy", "exact_match", "num_samples", "num_loss_tokens"):
+            assert together[key] == apart[key], key
+
+
+def test_several_files_are_all_checked_before_any_is_written(demo_dir, eval_set, tmp_path):
+    path, _ = eval_set
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"input_ids": [1, 2], "labels": [-100, 2]}\nnot json\n')
+    model = demo_dir / "model"
+    outs = [tmp_path / "a.json", tmp_path / "b.json"]
+    result = run_cli("evaluate", "--model", model, "--data", path, "--out", outs[0],
+                     "--data", bad, "--out", outs[1])  # fmt: skip
+    assert result.returncode == 2 and f"{bad}:2:" in result.stderr, result.stderr
+    assert not any(out.exists() for out in outs)
+    unpaired = run_cli("evaluate", "--model", model, "--data", path, "--data", bad,
+                       "--out", outs[0])  # fmt: skip
+    assert unpaired.returncode == 2
+    assert "error: --data and --out come in pairs: 2 --data, 1 --out" in unpaired.stderr
+    same = run_cli("evaluate", "--model", model, "--data", path, "--out", outs[0],
+                   "--data", path, "--out", outs[0])  # fmt: skip
+    assert same.returncode == 2 and "are the same file" in same.stderr
+    assert not any(out.exists() for out in outs)
+
+
 @pytest.mark.slow
 def test_two_ranks_under_torchrun_equal_per_sample_transformers(demo_dir, eval_set, tmp_path):
     path, samples = eval_set

@@ -196,7 +196,10 @@ def callers(name: str, package: Path = PACKAGE) -> set[str]:
 def test_one_launch_path():
     """`train --nproc-per-node` and `launch` both run `train.launch`, the only caller of the
     agent (`run_training` runs `mini-trainer train`); the worker command is built once."""
-    assert callers("launch_training") == {"mini_trainer.cli.training.train", "mini_trainer.cli.training.launch"}
+    assert callers("launch_training") == {
+        "mini_trainer.cli.training.train",
+        "mini_trainer.cli.training.launch",
+    }
     assert callers("supervise") == {"mini_trainer.train.launch"}
     assert callers("elastic_launch") == {"mini_trainer.distributed.launcher.supervise"}
     assert callers("worker_argv") == {

@@ -151,7 +151,8 @@ def test_dry_run_sft_only_example_has_no_osft_job(tmp_path):
     args = ("--configfile", "config/examples/demo-sft.yaml", "--replace-workflow-config")
     counts = rule_counts(planned_jobs(snakemake(workdir, "-n", *args)))
     assert "osft_svd" not in counts
-    assert counts["train"] == 6 and counts["evaluate"] == (1 + 6) * 3
+    # One evaluate job per checkpoint (the base model and six runs) scores all three tasks.
+    assert counts["train"] == 6 and counts["evaluate"] == 1 + 6
 
 
 def _example_workdir(tmp_path: Path) -> Path:
@@ -474,7 +475,8 @@ def test_evaluation_change_reruns_only_evaluation_and_report(full_run):
     jobs = planned_jobs(
         snakemake(full_run, "-n", "--configfile", str(changed), "--replace-workflow-config")
     )
-    assert rule_counts(jobs) == {"evaluate": 12, "manifest": 1, "report": 1, "all": 1}
+    # The base model and five runs, each job scoring both tasks.
+    assert rule_counts(jobs) == {"evaluate": 6, "manifest": 1, "report": 1, "all": 1}
 
 
 @pytest.mark.slow

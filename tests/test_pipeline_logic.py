@@ -609,3 +609,18 @@ def test_validation_keys_without_a_validation_file_fail_at_once(where, key, mess
     assert "no validation file for sort_desc (set data.validation_fraction" in str(caught.value)
     config["data"]["validation_fraction"] = 0.2
     pipeline.check_config(config)
+
+
+def test_one_evaluate_job_per_source_scores_every_stage_task(demo):
+    files = pipeline.eval_data_files(demo)
+    outs = pipeline.eval_outputs(demo)
+    assert outs == [f"results/eval/{{source}}/{task}.json" for task in demo["stages"]]
+    assert files == [pipeline.task_file(demo, task, "eval") for task in demo["stages"]]
+    assert pipeline.eval_outputs(demo, "base")[0] == pipeline.eval_json("base", demo["stages"][0])
+    flags = pipeline.eval_pairs(files[:2], ["a b.json", "c.json"])
+    assert flags == f"--data {files[0]} --out 'a b.json' --data {files[1]} --out c.json"
+    # Every JSON the report needs is some evaluate job's output.
+    produced = {o.replace("{source}", s) for s in pipeline.eval_sources(demo) for o in outs}
+    assert set(pipeline.all_eval_jsons(demo)) <= produced
+    with pytest.raises(ValueError):
+        pipeline.eval_pairs(files, outs[:1])

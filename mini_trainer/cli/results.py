@@ -33,11 +33,21 @@ from mini_trainer.report.build import build_report
 @model_options("Model to evaluate (a training run's final/ or hf_format/samples_N/, or a base).")
 @click.option(
     "--data",
+    "datas",
     required=True,
+    multiple=True,
     type=click.Path(path_type=Path),
-    help="Pre-tokenized eval JSONL (the training format), checked as `validate` checks it.",
+    help="Pre-tokenized eval JSONL (the training format), checked as `validate` checks it. "
+    "Repeat it with --out (in pairs, in order) to evaluate several files with one model load.",
 )
-@out_option("Metrics JSON to write.")
+@click.option(
+    "--out",
+    "outs",
+    required=True,
+    multiple=True,
+    type=FILE,
+    help="Metrics JSON to write (one per --data).",
+)
 @max_tokens_option(
     "Tokens per packed micro-batch per process; a longer sample is an error.", default=8192
 )
@@ -65,8 +75,8 @@ from mini_trainer.report.build import build_report
 def evaluate(
     model: str,
     model_revision: str,
-    data: Path,
-    out: Path,
+    datas: tuple[Path, ...],
+    outs: tuple[Path, ...],
     max_tokens_per_gpu: int,
     lm_eval_tasks: str | None,
     lm_eval_include: Path | None,
@@ -90,21 +100,26 @@ def evaluate(
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
     try:
+        if len(datas) != len(outs):
+            raise UserError(
+                f"--data and --out come in pairs: {len(datas)} --data, {len(outs)} --out"
+            )
         model = resolve_model_option(model, model_revision)
-        result = run_evaluate(
-            model, data, out, max_tokens_per_gpu, lm_eval_tasks, lm_eval_include,
-            lm_eval_batch_size, lm_eval_limit, force,
+        results = run_evaluate(
+            model, list(zip(datas, outs, strict=True)), max_tokens_per_gpu, lm_eval_tasks,
+            lm_eval_include, lm_eval_batch_size, lm_eval_limit, force,
         )  # fmt: skip
     except UserError as error:
         if int(os.environ.get("LOCAL_RANK", "0")) != 0:  # every rank finds it; print it once
             sys.exit(error.exit_code)
         raise
     if rank == 0:
-        click.echo(summary_line(result))
-        for task, metrics in result.get("lm_eval", {}).items():
+        for result, out in zip(results, outs, strict=True):
+            click.echo(summary_line(result))
+            click.echo(f"wrote {out}")
+        for task, metrics in results[0].get("lm_eval", {}).items():
             shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float))
             click.echo(f"lm-eval {task}: {shown}")
-        click.echo(f"wrote {out}")
 
 
 @cli.command("manifest")

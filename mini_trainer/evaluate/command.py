@@ -1,7 +1,9 @@
-"""The `evaluate` subcommand's body: check, evaluate on every rank, write one JSON on rank 0.
+"""The `evaluate` subcommand's body: check, evaluate on every rank, write one JSON per data
+file on rank 0.
 
 Works as a plain process (a world of one) and under torchrun:
 `torchrun --nproc-per-node N -m mini_trainer evaluate --model M --data D --out F.json`.
+Several `--data D --out F.json` pairs share one process and one model load.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from mini_trainer.data.outputs import check_outputs
 from mini_trainer.distributed.runtime import decided_on_main, init_runtime, shutdown
 from mini_trainer.errors import UserError
 from mini_trainer.evaluate.lm_eval_tasks import parse_task_list, run_lm_eval, task_manager
-from mini_trainer.evaluate.runner import check_inputs, evaluate_model
+from mini_trainer.evaluate.runner import check_inputs, evaluate_files
 from mini_trainer.io_utils import atomic_write_text
 from mini_trainer.models.hub import hub_source
 from mini_trainer.versions import package_versions, source_commit
@@ -28,18 +30,22 @@ log = logging.getLogger("mini_trainer")
 
 def run_evaluate(
     model: Path,
-    data: Path,
-    out: Path,
+    pairs: list[tuple[Path, Path]],
     max_tokens_per_gpu: int,
     lm_eval_tasks: str | None = None,
     lm_eval_include: Path | None = None,
     lm_eval_batch_size: int = 8,
     lm_eval_limit: int | None = None,
     force: bool = False,
-) -> dict:
-    """Evaluate `model` on `data` (and harness tasks); write `out` atomically; return the dict."""
-    check_outputs({"--out": out}, [data], force)
-    check_inputs(model, data)
+) -> list[dict]:
+    """Evaluate `model` on each (data, out) pair (and the harness tasks, once); write each out
+    atomically; return the dicts in order. Every check runs before any work: a bad pair writes
+    nothing at all."""
+    datas, outs = [data for data, _ in pairs], [out for _, out in pairs]
+    names = ["--out"] if len(outs) == 1 else [f"--out #{i}" for i in range(1, len(outs) + 1)]
+    check_outputs(dict(zip(names, outs, strict=True)), datas, force)
+    for data in datas:
+        check_inputs(model, data)
     tasks = parse_task_list(lm_eval_tasks)
     if lm_eval_include is not None and not tasks:
         raise UserError("--lm-eval-include: needs --lm-eval-tasks")
@@ -49,24 +55,27 @@ def run_evaluate(
 
     runtime = init_runtime()
     try:
-        result = _evaluate(runtime, model, data, max_tokens_per_gpu)
+        results = [_provenance(model, r) for r in evaluate_files(
+            model, datas, runtime, max_tokens_per_gpu)]  # fmt: skip
         if tasks:  # only rank 0 runs the harness; every rank gets its scores or its error
-            result["lm_eval"] = decided_on_main(
+            scores = decided_on_main(
                 lambda: run_lm_eval(
                     model, tasks, manager, str(runtime.device), lm_eval_batch_size, lm_eval_limit
                 ),
                 runtime,
             )
+            for result in results:  # the model's harness scores, beside each file's metrics
+                result["lm_eval"] = scores
         if runtime.is_main:
-            _write(out, result)
-        dist.barrier()  # no rank exits before the file is there
-        return result
+            for out, result in zip(outs, results, strict=True):
+                _write(out, result)
+        dist.barrier()  # no rank exits before the files are there
+        return results
     finally:
         shutdown()
 
 
-def _evaluate(runtime, model: Path, data: Path, max_tokens_per_gpu: int) -> dict:
-    result = evaluate_model(model, data, runtime, max_tokens_per_gpu)
+def _provenance(model: Path, result: dict) -> dict:
     if source := hub_source(model):  # a Hub model: which commit was evaluated
         result["model_hub_id"], result["model_commit"] = source["hub_id"], source["commit"]
     result["versions"] = package_versions()

@@ -76,7 +76,25 @@ def evaluate_model(
     chunk_size: int | None = None,
 ) -> dict:
     """The metrics of `model_path` on `data_path`, the same dict on every rank."""
-    dataset = load_eval_dataset(data_path, model_path, max_tokens_per_gpu, runtime)
+    return evaluate_files(model_path, [data_path], runtime, max_tokens_per_gpu, chunk_size)[0]
+
+
+def evaluate_files(
+    model_path: Path,
+    data_paths: list[Path],
+    runtime: Runtime,
+    max_tokens_per_gpu: int = DEFAULT_MAX_TOKENS,
+    chunk_size: int | None = None,
+) -> list[dict]:
+    """The metrics of `model_path` on each of `data_paths`, in order, the same on every rank.
+
+    The model is built once for all of them (a process start and a model load per file were
+    most of an evaluation of a small model); every file is checked before the model loads.
+    """
+    datasets = [
+        load_eval_dataset(data_path, model_path, max_tokens_per_gpu, runtime)
+        for data_path in data_paths
+    ]
     stats_fn = chunked_eval_stats
     if chunk_size is not None:
         stats_fn = functools.partial(chunked_eval_stats, chunk_size=chunk_size)
@@ -84,8 +102,14 @@ def evaluate_model(
     model, config = build_model(ModelSpec(str(model_path)), None, runtime, FullFineTuning())
     model.eval()
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-    totals = evaluate_loaded(model, dataset, runtime, max_tokens_per_gpu, pad_id, stats_fn)
-    return {"model": str(model_path), "data": str(data_path), **totals}
+    return [
+        {
+            "model": str(model_path),
+            "data": str(data_path),
+            **evaluate_loaded(model, dataset, runtime, max_tokens_per_gpu, pad_id, stats_fn),
+        }
+        for data_path, dataset in zip(data_paths, datasets, strict=True)
+    ]
 
 
 def evaluate_loaded(

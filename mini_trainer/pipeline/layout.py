@@ -341,6 +341,17 @@ def eval_json(source: str, task: str) -> str:
     return f"results/eval/{source}/{task}.json"
 
 
+def eval_data_files(config: Config) -> list[str]:
+    """The eval file of every stage's task, in stage order: what each source is scored on."""
+    return [task_file(config, task, "eval") for task in config["stages"]]
+
+
+def eval_outputs(config: Config, source: str = "{source}") -> list[str]:
+    """One evaluate job's JSONs, in the order of `eval_data_files` (a `{source}` pattern by
+    default, for the rule's output)."""
+    return [eval_json(source, task) for task in config["stages"]]
+
+
 def evaluated_source(config: Config, source: str) -> str:
     """The source whose evaluation stands for `source`'s: itself, or for a run shared with an
     earlier method (same run key, see `_sweep_run_dirs`) that method's, evaluated once."""

@@ -1,15 +1,18 @@
 # Evaluation: every checkpoint (the base model and every method, learning rate and stage) on
-# every task's eval set, so the report can draw the accuracy matrix. Only the evaluation
-# settings are this rule's params: changing them reruns evaluation and the report, nothing else.
+# every task's eval set, so the report can draw the accuracy matrix. One job per checkpoint
+# scores all the eval sets with one model load (a process start and a load per file were most
+# of a small model's evaluation); it writes one JSON per task. Only the evaluation settings are
+# this rule's params: changing them reruns evaluation and the report, nothing else.
 
 
 rule evaluate:
-    """Held-out loss, perplexity and teacher-forced answer-token accuracy of one checkpoint."""
+    """Held-out loss, perplexity and teacher-forced answer-token accuracy of one checkpoint on
+    every task's eval set."""
     input:
         model=lambda wc: model_input(eval_model(wc.source)),
-        data=lambda wc: task_file(wc.task, "eval"),
+        data=eval_data_files(),
     output:
-        "results/eval/{source}/{task}.json",
+        eval_outputs(),
     wildcard_constraints:
         source=r"base|[A-Za-z0-9][A-Za-z0-9_-]*/lr[0-9][0-9.e+-]*/stage[1-9][0-9]*",
     params:
@@ -20,10 +23,11 @@ rule evaluate:
                 "lm_eval_tasks": ",".join(config["evaluation"]["lm_eval_tasks"]) or None,
             }
         ),
+        pairs=lambda wc, input, output: eval_pairs(input.data, output),
     log:
-        "logs/evaluate/{source}/{task}.log",
+        "logs/evaluate/{source}.log",
     benchmark:
-        "results/benchmarks/evaluate/{source}/{task}.tsv"
+        "results/benchmarks/evaluate/{source}.tsv"
     threads: rule_threads("evaluate", 1)
     resources:
         mem_mb=rule_resource("evaluate", "mem_mb"),
@@ -32,4 +36,4 @@ rule evaluate:
         "../envs/mini-trainer.yaml"
     shell:
         '"$MINI_TRAINER_PYTHON" -m mini_trainer evaluate {params.model}'
-        " --data {input.data:q} --out {output:q} {params.options} > {log} 2>&1"
+        " {params.pairs} {params.options} > {log} 2>&1"
