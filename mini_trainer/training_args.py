@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini_trainer.errors import UserError
-from mini_trainer.training.validation import (
+from mini_trainer.validation_options import (
     VAL_METRICS,
     validation_problems,
     validation_warnings,

@@ -159,6 +159,34 @@ def test_distributed_holds_the_processes_and_imports_nothing_above_it():
     assert not wrong, sorted(wrong)
 
 
+def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    """Every package module `start` imports, directly or through others."""
+    seen, todo = set(), [start]
+    while todo:
+        for target in graph.get(todo.pop(), ()):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def test_the_options_the_launchers_and_the_report_reach_nothing_in_training():
+    """Reading the training flags (Slurm launcher, pipeline checks) and building the report
+    import no module of the training package, not even through another module."""
+    graph = import_graph()
+    starts = ["mini_trainer.training_args", "mini_trainer.validation_options"]
+    starts += [
+        m for m in graph if m.startswith(("mini_trainer.distributed.", "mini_trainer.report."))
+    ]
+    wrong = {
+        f"{start} -> {target}"
+        for start in starts
+        for target in reachable(graph, start)
+        if target.startswith("mini_trainer.training.")
+    }
+    assert not wrong, sorted(wrong)
+
+
 def test_models_osft_and_methods_import_nothing_from_training():
     """They are below the training loop; evaluation takes the runtime from `distributed/`."""
     graph = import_graph()

@@ -4,5 +4,5 @@ workers (`launcher`, `slurm`), the output folder's lock (`run_lock`), stop signa
 
 Imports run one way: training, models, OSFT and evaluation import this package, and it imports
 none of them (tests/test_imports.py). `slurm` reads the training flags through
-`training_args`, which still takes the validation options' rules from training/validation.py.
+`training_args`, which imports nothing of the training package.
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mini_trainer.errors import UserError
-from mini_trainer.training.validation import VAL_METRICS
+from mini_trainer.validation_options import VAL_METRICS
 
 KINDS = ("eval", "run", "data_summary")
 

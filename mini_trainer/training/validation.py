@@ -1,9 +1,7 @@
 """Validation during training: held-out metrics every N steps, the best step, early stopping.
 
-- `VAL_METRICS`: the logged validation metrics that `--best-metric` may name, and whether
-  higher or lower is better.
-- `validation_problems` / `validation_warnings`: the options' rules, checked with the other
-  arguments (`TrainingArgs`), before any process starts.
+- The options' rules (`VAL_METRICS`, `validation_problems`, `validation_warnings`) live in
+  `mini_trainer/validation_options.py`, which `TrainingArgs` checks before any process starts.
 - `BestTracker`: the best value and step so far and the patience counter; pure, and its
   `state_dict` is saved with the trainer state, so a resumed run decides as an uninterrupted one.
 - `Validator`: what the loop calls after each step. It scores the training model itself with
@@ -19,22 +17,15 @@ so a run ends with the same weights with or without it.
 
 from __future__ import annotations
 
-import filecmp
 import json
 import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger("mini_trainer")
+from mini_trainer.validation_options import VAL_METRICS
 
-VAL_METRICS = {
-    "val_loss": "min",
-    "val_perplexity": "min",
-    "val_token_accuracy": "max",
-    "val_exact_match": "max",
-}
-"""Metrics `--best-metric` may name, and which way is better."""
+log = logging.getLogger("mini_trainer")
 
 VAL_ROW_FIELDS = (*VAL_METRICS, "val_tokens", "val_time_s")
 """What a validation step adds to its metrics.jsonl row."""
@@ -42,55 +33,6 @@ VAL_ROW_FIELDS = (*VAL_METRICS, "val_tokens", "val_time_s")
 BEST_DIR = "best"
 BEST_METADATA = "best_checkpoint.json"
 """Written inside `OUT/best/`: the step, the metric and its value."""
-
-
-def validation_problems(args) -> list[str]:
-    """Rule violations of the validation options (one line each)."""
-    problems = []
-    if args.validation_data_path is None:
-        defaults = {
-            "save_best": False,
-            "best_metric": "val_loss",
-            "early_stopping_patience": None,
-            "early_stopping_min_delta": 0.0,
-            "validation_every_steps": None,
-            "validation_max_tokens_per_gpu": None,
-        }
-        for name, default in defaults.items():
-            if getattr(args, name) != default:
-                problems.append(f"--{_flag(name)}: needs --validation-data-path")
-        return problems
-    for name in ("validation_every_steps", "validation_max_tokens_per_gpu"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            problems.append(f"--{_flag(name)}: must be at least 1, got {value}")
-    if args.best_metric not in VAL_METRICS:
-        problems.append(
-            f"--best-metric: unknown value {args.best_metric!r} (one of {', '.join(VAL_METRICS)})"
-        )
-    patience = args.early_stopping_patience
-    if patience is not None and patience < 1:
-        problems.append(f"--early-stopping-patience: must be at least 1, got {patience}")
-    delta = args.early_stopping_min_delta
-    if not (delta >= 0 and math.isfinite(delta)):
-        problems.append(f"--early-stopping-min-delta: must be a finite number >= 0, got {delta}")
-    return problems
-
-
-def validation_warnings(args) -> list[str]:
-    """Legal but probably unintended validation settings."""
-    path = args.validation_data_path
-    if path is None:
-        return []
-    same = Path(path).resolve() == Path(args.data_path).resolve()
-    if not same and Path(path).is_file() and Path(args.data_path).is_file():
-        same = filecmp.cmp(path, args.data_path, shallow=False)
-    if same:
-        return [
-            f"{path}: --validation-data-path is the training file: validation metrics will "
-            "measure fit to the training data, not generalization"
-        ]
-    return []
 
 
 def validation_due(step: int, every: int | None, is_last: bool) -> bool:
@@ -243,7 +185,3 @@ class Validator:
 def best_metadata(best_dir: Path) -> dict:
     """The metadata `--save-best` wrote into `best_dir`."""
     return json.loads((best_dir / BEST_METADATA).read_text())
-
-
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
