@@ -15,6 +15,8 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import xxhash
+
 
 def temp_sibling(path: Path, is_dir: bool) -> Path:
     """A new, uniquely named temporary file or folder `.NAME.tmp-*` beside `path` (the same
@@ -115,6 +117,16 @@ def hash_file(digest, path: str | os.PathLike, ranges: Iterable[tuple[int, int]]
             handle.seek(offset)
             digest.update(handle.read(length))
     return digest
+
+
+FILE_DIGESTS = {"sha256": hashlib.sha256, "xxh3_64": xxhash.xxh3_64}
+"""The digests `file_digest` knows: sha256 for content identity (caches, fingerprints), xxh3-64
+for damage checks, where only speed matters (about 20 GB/s, 20 times sha256 here)."""
+
+
+def file_digest(path: str | os.PathLike, algorithm: str) -> str:
+    """The hex digest of a whole file with one of `FILE_DIGESTS`."""
+    return hash_file(FILE_DIGESTS[algorithm](), path).hexdigest()
 
 
 def file_sha256(path: str | os.PathLike) -> str:

@@ -4,6 +4,7 @@ policy and the trainer state's schema. Real DCP files, no process group, no torc
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import warnings
@@ -143,9 +144,26 @@ def test_a_same_size_change_inside_a_shard_is_damage_and_resume_falls_back(tmp_p
     flip_bytes(shard)
     assert shard.stat().st_size == size
     assert damage(newest, verify_contents=False) is None  # sizes and small files: all fine
-    assert damage(newest) == f"{shard.name}: content differs from {CHECKSUMS} (sha256)"
+    assert damage(newest) == f"{shard.name}: content differs from {CHECKSUMS} (xxh3_64)"
     assert choose_state(tmp_path, None) == older
     assert (tmp_path / "state" / ".damaged-step_4").is_dir() and not newest.exists()
+
+
+def test_a_state_checksummed_with_sha256_by_an_earlier_version_is_still_verified(tmp_path):
+    state = save_state(tmp_path, 2)
+    table = json.loads((state / CHECKSUMS).read_text())
+    assert table["algorithm"] == "xxh3_64"
+    table["algorithm"] = "sha256"
+    for name, entry in table["files"].items():
+        entry["sha256"] = hashlib.sha256((state / name).read_bytes()).hexdigest()
+        del entry["xxh3_64"]
+    (state / CHECKSUMS).write_text(json.dumps(table))
+    assert damage(state) is None
+    flip_bytes(shard_of(state))
+    assert damage(state) == f"{shard_of(state).name}: content differs from {CHECKSUMS} (sha256)"
+    table["algorithm"] = "md4"
+    (state / CHECKSUMS).write_text(json.dumps(table))
+    assert damage(state) == f"{CHECKSUMS}: unknown algorithm 'md4'"
 
 
 def test_missing_checksums_damage_a_new_state_but_not_an_old_one(tmp_path):

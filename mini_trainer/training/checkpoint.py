@@ -106,7 +106,7 @@ def save_state(
     keep: int,
 ) -> Path:
     """Write `state/step_<step>/`: sharded model and optimizer, trainer state, RNG per rank,
-    and last `checksums.json` (every other file's sha256); then publish it by a rename."""
+    and last `checksums.json` (every other file's xxh3-64 digest); then publish it by a rename."""
     final = out_dir / "state" / f"step_{step}"
     tmp = _shared_temp_dir(final, runtime)
     model_state, optim_state = get_state_dict(model, optimizer)
