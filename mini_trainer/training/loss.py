@@ -14,6 +14,7 @@ Two implementations sit behind `make_loss_fn`:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -269,7 +270,14 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
             "--use-liger-kernels: liger-kernel is not importable "
             f"({exc}); install it with: pip install 'mini-trainer[cuda]'"
         ) from exc
-    liger_loss = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum")
+
+    @functools.cache
+    def liger_loss(softcap: float | None):
+        """One Liger module per softcap value (a model has one): the cap is its constructor's,
+        never an attribute changed between calls."""
+        return LigerFusedLinearCrossEntropyLoss(
+            ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap
+        )
 
     def liger_fn(
         hidden: Tensor,
@@ -287,9 +295,8 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
             if bias is not None:
                 raise UserError("--use-liger-kernels: a logit scale with an LM-head bias")
             hidden = hidden * logit_scale
-        liger_loss.softcap = softcap
         # Liger's order: (lin_weight, _input, target, bias)
-        out = liger_loss(weight, hidden, targets, bias)
+        out = liger_loss(softcap)(weight, hidden, targets, bias)
         if isinstance(out, Tensor):
             return out
         # Versions with z-loss / token-accuracy outputs may wrap the loss.
