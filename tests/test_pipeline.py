@@ -129,7 +129,7 @@ def test_dry_run_default_config_plans_the_whole_experiment(tmp_path):
         "validate": 3 + 2,
         "osft_svd": 1 + 2 * 2,  # the base model's, shared, then stages 2 and 3 per osft lr
         "train": 14,  # replay's stage 1 is sft's at lr 0.01 (same run key): trained once
-        "evaluate": (1 + 14) * 3,  # and evaluated once
+        "evaluate": 1 + 14,  # and evaluated once; one job per checkpoint scores all 3 tasks
         "manifest": 1,
         "report": 1,
         "all": 1,
