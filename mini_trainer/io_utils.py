@@ -130,5 +130,5 @@ def file_digest(path: str | os.PathLike, algorithm: str) -> str:
 
 
 def file_sha256(path: str | os.PathLike) -> str:
-    """The sha256 of a whole file (the project's one full-file content hash)."""
-    return hash_file(hashlib.sha256(), path).hexdigest()
+    """The sha256 of a whole file (the project's full-file content hash)."""
+    return file_digest(path, "sha256")

@@ -44,8 +44,7 @@ def run_evaluate(
     datas, outs = [data for data, _ in pairs], [out for _, out in pairs]
     names = ["--out"] if len(outs) == 1 else [f"--out #{i}" for i in range(1, len(outs) + 1)]
     check_outputs(dict(zip(names, outs, strict=True)), datas, force)
-    for data in datas:
-        check_inputs(model, data)
+    check_inputs(model, datas)
     tasks = parse_task_list(lm_eval_tasks)
     if lm_eval_include is not None and not tasks:
         raise UserError("--lm-eval-include: needs --lm-eval-tasks")
@@ -55,8 +54,8 @@ def run_evaluate(
 
     runtime = init_runtime()
     try:
-        results = [_provenance(model, r) for r in evaluate_files(
-            model, datas, runtime, max_tokens_per_gpu)]  # fmt: skip
+        metrics = evaluate_files(model, datas, runtime, max_tokens_per_gpu)
+        results = [_provenance(model, result) for result in metrics]
         if tasks:  # only rank 0 runs the harness; every rank gets its scores or its error
             scores = decided_on_main(
                 lambda: run_lm_eval(

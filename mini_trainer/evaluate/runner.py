@@ -46,13 +46,12 @@ DEFAULT_MAX_TOKENS = 8192
 """Tokens per packed micro-batch per rank when `--max-tokens-per-gpu` is not given."""
 
 
-def check_inputs(model_path: Path, data_path: Path) -> None:
+def check_inputs(model_path: Path, data_paths: list[Path]) -> None:
     """Problems found before any process group or model exists."""
     problems = []
     if not model_path.is_dir():
         problems.append(f"{model_path}: --model: no such model folder")
-    if not data_path.is_file():
-        problems.append(f"{data_path}: --data: no such file")
+    problems += [f"{path}: --data: no such file" for path in data_paths if not path.is_file()]
     if problems:
         raise UserError(*problems)
     check_weight_files(model_path)

@@ -36,9 +36,8 @@ from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training
 
 
 def eval_pairs(data_files: list[str], out_files: list[str]) -> str:
-    """`--data D1 --out O1 --data D2 --out O2 ...`: one evaluate job scores every file."""
-    if len(data_files) != len(out_files):
-        raise ValueError(f"{len(data_files)} eval files for {len(out_files)} outputs")
+    """`--data D1 --out O1 --data D2 --out O2 ...`: one evaluate job scores every file
+    (unequal lists are a ValueError)."""
     return " ".join(
         f"--data {shlex.quote(str(d))} --out {shlex.quote(str(o))}"
         for d, o in zip(data_files, out_files, strict=True)
