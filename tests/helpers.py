@@ -119,6 +119,36 @@ def run_torchrun(
     return result
 
 
+def train_in_process(*train_flags) -> int:
+    """Run a world-of-one training job in this test process: `mini_trainer.train.main(FLAGS)`,
+    as a plain `python -m mini_trainer.train` would, without the interpreter and torch start-up
+    a child pays (most of a one-step run's cost). Returns the job's exit status.
+
+    The job leaves nothing behind in this process: the variables its process group sets, the
+    signal handlers its preemption watch installs and the thread count are put back."""
+    import torch
+
+    from mini_trainer.distributed.preemption import STOP_SIGNALS
+    from mini_trainer.train import main
+
+    saved_env = dict(os.environ)
+    saved_handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 gives a child (subprocess_env)
+    try:
+        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
+                     "TORCHELASTIC_RUN_ID", "MINI_TRAINER_REPORT_DIR"):  # fmt: skip
+            os.environ.pop(name, None)
+        os.environ.update(HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
+        return main([str(flag) for flag in train_flags])
+    finally:
+        torch.set_num_threads(threads)
+        for signum, handler in saved_handlers.items():
+            signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
 def base_flags(demo_dir, out, task="sort_plus1", **overrides):
     flags = {
         "model-name-or-path": demo_dir / "model",

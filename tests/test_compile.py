@@ -20,6 +20,7 @@ from helpers import (
     run_torchrun,
     subprocess_env,
     torchrun_command,
+    train_in_process,
 )
 from safetensors.torch import load_file
 
@@ -57,8 +58,8 @@ def compilations(stderr: str) -> int:
     return int(counts[-1][0]) if counts else 0
 
 
-# One compiled run and its eager twin, shared by the tests below: 2 ranks, FSDP2, OSFT's
-# factorized layers, activation checkpointing, the chunked loss and the per-sample packed
+# One compiled run (2 ranks) and its eager twin (one rank), shared by the tests below: FSDP2,
+# OSFT's factorized layers, activation checkpointing, the chunked loss and the per-sample packed
 # attention, states every 2 steps.
 FLAGS = {"training-mode": "step", "max-steps": 6, "save-every-steps": 2,
          "save-final-checkpoint": True, "osft": True, "osft-unfreeze-rank-ratio": 0.5,
@@ -68,7 +69,9 @@ FLAGS = {"training-mode": "step", "max-steps": 6, "save-every-steps": 2,
 @pytest.fixture(scope="module")
 def compiled_run(demo_dir, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("compile")
-    run_torchrun(*base_flags(demo_dir, root / "eager", **FLAGS))
+    # The eager twin on one rank, in this process: the same global batches, and a step does
+    # not depend on the split over ranks (test_train.py's test_step_is_exact_whatever_the_split).
+    assert train_in_process(*base_flags(demo_dir, root / "eager", **FLAGS)) == 0
     compiled = run_torchrun(*base_flags(demo_dir, root / "compiled", **FLAGS, compile=True))
     return {"root": root, "stderr": compiled.stderr}
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 
@@ -17,6 +18,7 @@ from helpers import (
     run_torchrun,
     subprocess_env,
     torchrun_command,
+    train_in_process,
 )
 from safetensors.torch import load_file
 from test_train import assert_weights_close, final_weights
@@ -55,9 +57,12 @@ def test_frozen_subspace_held_after_50_steps_on_1_and_2_ranks(demo_dir, tmp_path
     flags = {"max-steps": 50, "weight-decay": 0.1, "osft-svd-cache": svd_cache,
              "save-every-steps": 50}  # fmt: skip
     runs = {}
-    for nproc in (1, 2):
+    for nproc in (1, 2):  # one rank in this process (the same job without torchrun's start-up)
         out = tmp_path / f"ranks{nproc}"
-        run_torchrun(*osft_flags(demo_dir, out, **flags), nproc=nproc)
+        if nproc == 1:
+            assert train_in_process(*osft_flags(demo_dir, out, **flags)) == 0
+        else:
+            run_torchrun(*osft_flags(demo_dir, out, **flags), nproc=nproc)
         runs[nproc] = final_weights(out)
     factors = cached_factors(svd_cache)
     base = load_file(demo_dir / "model" / "model.safetensors")
@@ -97,14 +102,16 @@ def test_frozen_subspace_held_after_50_steps_on_1_and_2_ranks(demo_dir, tmp_path
 
 
 @pytest.mark.parametrize("mode", ["frozen", "full", "adaptive"])
-def test_ratio_zero_ratio_one_and_adaptive_through_torchrun(demo_dir, tmp_path, mode):
+def test_ratio_zero_ratio_one_and_adaptive_whole_jobs(demo_dir, tmp_path, caplog, mode):
+    """Whole one-rank jobs, in this process (`python -m mini_trainer.train`'s code path)."""
     flags = {
         "frozen": {"osft-unfreeze-rank-ratio": 0.0},
         "full": {"osft-unfreeze-rank-ratio": 1.0},
         "adaptive": {"osft-unfreeze-rank-ratio": None, "osft-rank-mode": "adaptive"},
     }[mode]
     out = tmp_path / mode
-    result = run_torchrun(*osft_flags(demo_dir, out, **flags), nproc=1)
+    caplog.set_level(logging.INFO, logger="mini_trainer")
+    assert train_in_process(*osft_flags(demo_dir, out, **flags)) == 0
     base = load_file(demo_dir / "model" / "model.safetensors")
     final = final_weights(out)
     ranks = json.loads((out / "osft_ranks.json").read_text())
@@ -121,21 +128,19 @@ def test_ratio_zero_ratio_one_and_adaptive_through_torchrun(demo_dir, tmp_path, 
         assert all(moved.values())
         fractions = [layer["frozen_fraction"] for layer in ranks["layers"].values()]
         assert all(0.1 <= f <= 0.8 for f in fractions) and len(fractions) == 4
-        assert "importance" in result.stderr
+        assert "importance" in caplog.text
 
 
-def test_train_refuses_a_cache_of_other_patterns(demo_dir, tmp_path):
+def test_train_refuses_a_cache_of_other_patterns(demo_dir, tmp_path, capsys):
     cache = tmp_path / "cache"
     run_cli("osft-svd", "--model", demo_dir / "model", "--out", cache,
             "--target-patterns", "q_proj,v_proj", check=True)  # fmt: skip
     out = tmp_path / "run"
-    result = subprocess.run(
-        [sys.executable, "-m", "mini_trainer.train",
-         *osft_flags(demo_dir, out, **{"osft-svd-cache": cache})],
-        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    capsys.readouterr()
+    status = train_in_process(*osft_flags(demo_dir, out, **{"osft-svd-cache": cache}))
+    stderr = capsys.readouterr().err
+    assert status == 2, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: {cache}/meta.json: patterns: the cache was built for patterns "
         "['q_proj', 'v_proj'], this run targets the default targets (rebuild it with osft-svd)"

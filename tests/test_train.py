@@ -19,6 +19,7 @@ from helpers import (
     run_torchrun,
     subprocess_env,
     torchrun_command,
+    train_in_process,
 )
 from safetensors.torch import load_file
 
@@ -89,26 +90,28 @@ def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
 
 
 def _one_step(demo_dir, data, out, nproc, cap, defer_grad_sync=False):
-    run_torchrun(
-        *base_flags(
-            demo_dir,
-            out,
-            **{
-                "defer-grad-sync": defer_grad_sync,
-                "data-path": data,
-                "training-mode": "step",
-                "max-steps": 1,
-                "batch-size": 24,
-                "max-tokens-per-gpu": cap,
-                "save-final-checkpoint": True,
-                "learning-rate": 1.0,
-                "eps": 1.0,
-                "grad-clip": 0,
-                "weight-decay": 0.0,
-            },
-        ),
-        nproc=nproc,
+    """One step under torchrun (2 ranks) or, for one rank, in this process (the same job)."""
+    flags = base_flags(
+        demo_dir,
+        out,
+        **{
+            "defer-grad-sync": defer_grad_sync,
+            "data-path": data,
+            "training-mode": "step",
+            "max-steps": 1,
+            "batch-size": 24,
+            "max-tokens-per-gpu": cap,
+            "save-final-checkpoint": True,
+            "learning-rate": 1.0,
+            "eps": 1.0,
+            "grad-clip": 0,
+            "weight-decay": 0.0,
+        },
     )
+    if nproc == 1:
+        assert train_in_process(*flags) == 0
+    else:
+        run_torchrun(*flags, nproc=nproc)
     return read_metrics(out)[0], final_weights(out)
 
 
@@ -221,7 +224,7 @@ def test_signal_saves_state_and_exits_with_documented_status(demo_dir, tmp_path,
     assert (states[0] / "trainer_state.json").is_file()
 
 
-def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_path):
+def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_path, capsys):
     from helpers import run_cli
 
     data = demo_dir / "data" / "sort.train.jsonl"
@@ -253,14 +256,18 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
     assert len(runs) == 1 and any(runs[0].glob("*.wandb")), runs
 
     # An index validated for a larger cap than the job's is refused with one clear line.
-    result = subprocess.run(
-        [sys.executable, "-m", "mini_trainer.train",
-         *base_flags(demo_dir, tmp_path / "small", task="sort",
-                     **{"data-index": index, "max-tokens-per-gpu": 64})],
-        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert "--data-index: holds a" in result.stderr and "--max-tokens-per-gpu 64" in result.stderr
+    capsys.readouterr()
+    status = train_in_process(
+        *base_flags(
+            demo_dir,
+            tmp_path / "small",
+            task="sort",
+            **{"data-index": index, "max-tokens-per-gpu": 64},
+        )
+    )
+    stderr = capsys.readouterr().err
+    assert status == 2
+    assert "--data-index: holds a" in stderr and "--max-tokens-per-gpu 64" in stderr
     assert not (tmp_path / "small" / "metrics.jsonl").exists()
 
     # An index checked against a larger vocabulary than the model's is refused too.
@@ -273,13 +280,13 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
         "validate", data, "--model", bigger, "--max-tokens-per-gpu", 512,
         "--out-index", wide_index, "--out-summary", tmp_path / "wide.json", check=True,
     )  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, "-m", "mini_trainer.train",
-         *base_flags(demo_dir, tmp_path / "wide", task="sort", **{"data-index": wide_index})],
-        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert "checked against a vocabulary of 10000" in result.stderr, result.stderr
+    capsys.readouterr()
+    status = train_in_process(
+        *base_flags(demo_dir, tmp_path / "wide", task="sort", **{"data-index": wide_index})
+    )
+    stderr = capsys.readouterr().err
+    assert status == 2
+    assert "checked against a vocabulary of 10000" in stderr, stderr
 
 
 def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
