@@ -119,13 +119,17 @@ def run_torchrun(
     return result
 
 
-def train_in_process(*train_flags) -> int:
+def train_in_process(*train_flags) -> subprocess.CompletedProcess:
     """Run a world-of-one training job in this test process: `mini_trainer.train.main(FLAGS)`,
     as a plain `python -m mini_trainer.train` would, without the interpreter and torch start-up
-    a child pays (most of a one-step run's cost). Returns the job's exit status.
+    a child pays (most of a one-step run's cost). Returns its exit status and what it printed
+    (log records go to the logging capture, as `caplog` sees them); an unexpected exception
+    propagates, as it would end a child with a traceback.
 
     The job leaves nothing behind in this process: the variables its process group sets, the
     signal handlers its preemption watch installs and the thread count are put back."""
+    import io
+
     import torch
 
     from mini_trainer.distributed.preemption import STOP_SIGNALS
@@ -140,7 +144,11 @@ def train_in_process(*train_flags) -> int:
                      "TORCHELASTIC_RUN_ID", "MINI_TRAINER_REPORT_DIR"):  # fmt: skip
             os.environ.pop(name, None)
         os.environ.update(HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
-        return main([str(flag) for flag in train_flags])
+        argv = [str(flag) for flag in train_flags]
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            status = main(argv)
+        return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
     finally:
         torch.set_num_threads(threads)
         for signum, handler in saved_handlers.items():

@@ -71,7 +71,7 @@ def compiled_run(demo_dir, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("compile")
     # The eager twin on one rank, in this process: the same global batches, and a step does
     # not depend on the split over ranks (test_train.py's test_step_is_exact_whatever_the_split).
-    assert train_in_process(*base_flags(demo_dir, root / "eager", **FLAGS)) == 0
+    assert train_in_process(*base_flags(demo_dir, root / "eager", **FLAGS)).returncode == 0
     compiled = run_torchrun(*base_flags(demo_dir, root / "compiled", **FLAGS, compile=True))
     return {"root": root, "stderr": compiled.stderr}
 

@@ -9,10 +9,9 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 
 import pytest
-from helpers import REPO_ROOT, base_flags, run_cli, subprocess_env
+from helpers import base_flags, run_cli, train_in_process
 
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import current_umask
@@ -57,11 +56,8 @@ def test_validate_and_tokenize_refuse_a_read_only_output_before_scanning(demo_di
 
 
 def _worker(*flags):
-    """`python -m mini_trainer.train FLAGS`: a world of one process."""
-    return subprocess.run(
-        [sys.executable, "-m", "mini_trainer.train", *map(str, flags)],
-        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-    )  # fmt: skip
+    """`python -m mini_trainer.train FLAGS`: a world of one process (this one)."""
+    return train_in_process(*flags)
 
 
 NO_STATE_ADVICE = (

@@ -60,7 +60,7 @@ def test_frozen_subspace_held_after_50_steps_on_1_and_2_ranks(demo_dir, tmp_path
     for nproc in (1, 2):  # one rank in this process (the same job without torchrun's start-up)
         out = tmp_path / f"ranks{nproc}"
         if nproc == 1:
-            assert train_in_process(*osft_flags(demo_dir, out, **flags)) == 0
+            assert train_in_process(*osft_flags(demo_dir, out, **flags)).returncode == 0
         else:
             run_torchrun(*osft_flags(demo_dir, out, **flags), nproc=nproc)
         runs[nproc] = final_weights(out)
@@ -111,7 +111,7 @@ def test_ratio_zero_ratio_one_and_adaptive_whole_jobs(demo_dir, tmp_path, caplog
     }[mode]
     out = tmp_path / mode
     caplog.set_level(logging.INFO, logger="mini_trainer")
-    assert train_in_process(*osft_flags(demo_dir, out, **flags)) == 0
+    assert train_in_process(*osft_flags(demo_dir, out, **flags)).returncode == 0
     base = load_file(demo_dir / "model" / "model.safetensors")
     final = final_weights(out)
     ranks = json.loads((out / "osft_ranks.json").read_text())
@@ -131,16 +131,14 @@ def test_ratio_zero_ratio_one_and_adaptive_whole_jobs(demo_dir, tmp_path, caplog
         assert "importance" in caplog.text
 
 
-def test_train_refuses_a_cache_of_other_patterns(demo_dir, tmp_path, capsys):
+def test_train_refuses_a_cache_of_other_patterns(demo_dir, tmp_path):
     cache = tmp_path / "cache"
     run_cli("osft-svd", "--model", demo_dir / "model", "--out", cache,
             "--target-patterns", "q_proj,v_proj", check=True)  # fmt: skip
     out = tmp_path / "run"
-    capsys.readouterr()
-    status = train_in_process(*osft_flags(demo_dir, out, **{"osft-svd-cache": cache}))
-    stderr = capsys.readouterr().err
-    assert status == 2, stderr
-    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    result = train_in_process(*osft_flags(demo_dir, out, **{"osft-svd-cache": cache}))
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == [
         f"error: {cache}/meta.json: patterns: the cache was built for patterns "
         "['q_proj', 'v_proj'], this run targets the default targets (rebuild it with osft-svd)"

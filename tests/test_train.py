@@ -109,7 +109,7 @@ def _one_step(demo_dir, data, out, nproc, cap, defer_grad_sync=False):
         },
     )
     if nproc == 1:
-        assert train_in_process(*flags) == 0
+        assert train_in_process(*flags).returncode == 0
     else:
         run_torchrun(*flags, nproc=nproc)
     return read_metrics(out)[0], final_weights(out)
@@ -224,7 +224,7 @@ def test_signal_saves_state_and_exits_with_documented_status(demo_dir, tmp_path,
     assert (states[0] / "trainer_state.json").is_file()
 
 
-def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_path, capsys):
+def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_path):
     from helpers import run_cli
 
     data = demo_dir / "data" / "sort.train.jsonl"
@@ -256,18 +256,10 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
     assert len(runs) == 1 and any(runs[0].glob("*.wandb")), runs
 
     # An index validated for a larger cap than the job's is refused with one clear line.
-    capsys.readouterr()
-    status = train_in_process(
-        *base_flags(
-            demo_dir,
-            tmp_path / "small",
-            task="sort",
-            **{"data-index": index, "max-tokens-per-gpu": 64},
-        )
-    )
-    stderr = capsys.readouterr().err
-    assert status == 2
-    assert "--data-index: holds a" in stderr and "--max-tokens-per-gpu 64" in stderr
+    small = {"data-index": index, "max-tokens-per-gpu": 64}
+    result = train_in_process(*base_flags(demo_dir, tmp_path / "small", task="sort", **small))
+    assert result.returncode == 2
+    assert "--data-index: holds a" in result.stderr and "--max-tokens-per-gpu 64" in result.stderr
     assert not (tmp_path / "small" / "metrics.jsonl").exists()
 
     # An index checked against a larger vocabulary than the model's is refused too.
@@ -280,13 +272,11 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
         "validate", data, "--model", bigger, "--max-tokens-per-gpu", 512,
         "--out-index", wide_index, "--out-summary", tmp_path / "wide.json", check=True,
     )  # fmt: skip
-    capsys.readouterr()
-    status = train_in_process(
+    result = train_in_process(
         *base_flags(demo_dir, tmp_path / "wide", task="sort", **{"data-index": wide_index})
     )
-    stderr = capsys.readouterr().err
-    assert status == 2
-    assert "checked against a vocabulary of 10000" in stderr, stderr
+    assert result.returncode == 2
+    assert "checked against a vocabulary of 10000" in result.stderr, result.stderr
 
 
 def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
