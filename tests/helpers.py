@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -122,8 +123,8 @@ def run_torchrun(
 def train_in_process(*train_flags) -> subprocess.CompletedProcess:
     """Run a world-of-one training job in this test process: `mini_trainer.train.main(FLAGS)`,
     as a plain `python -m mini_trainer.train` would, without the interpreter and torch start-up
-    a child pays (most of a one-step run's cost). Returns its exit status and what it printed
-    (log records go to the logging capture, as `caplog` sees them); an unexpected exception
+    a child pays (most of a one-step run's cost). Returns its exit status and what it printed,
+    its log lines (rank 0's, from INFO) on stderr as a child has them; an unexpected exception
     propagates, as it would end a child with a traceback.
 
     The job leaves nothing behind in this process: the variables its process group sets, the
@@ -146,8 +147,16 @@ def train_in_process(*train_flags) -> subprocess.CompletedProcess:
         os.environ.update(HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
         argv = [str(flag) for flag in train_flags]
         out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            status = main(argv)
+        logger = logging.getLogger("mini_trainer")
+        handler, level = logging.StreamHandler(err), logger.level
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        try:
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                status = main(argv)
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
         return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
     finally:
         torch.set_num_threads(threads)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import run_torchrun
+from helpers import train_in_process
 
 pytestmark = pytest.mark.slow
 
@@ -15,12 +15,12 @@ def test_sample_and_final_checkpoints_carry_the_resolved_training_args(demo_dir,
     data = tmp_path / "small.jsonl"
     data.write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
-    run_torchrun(
+    assert train_in_process(  # one rank, in this process
         "--model-name-or-path", demo_dir / "model", "--data-path", data, "--output-dir", out,
         "--batch-size", 16, "--max-tokens-per-gpu", 512, "--learning-rate", 1e-3,
         "--training-mode", "step", "--max-steps", 2, "--min-samples-per-checkpoint", 16,
         "--save-final-checkpoint",
-    )  # fmt: skip
+    ).returncode == 0  # fmt: skip
     run_args = json.loads((out / "training_args.json").read_text())
     assert run_args["model_name_or_path"] == str(demo_dir / "model")
     folders = [out / "hf_format" / "samples_16", out / "hf_format" / "samples_32", out / "final"]

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 import torch
-from helpers import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, subprocess_env, train_in_process
 from huggingface_hub import split_torch_state_dict_into_shards
 from safetensors.torch import load_file, save_file
 
@@ -108,11 +108,9 @@ def test_a_weight_missing_from_the_checkpoint_is_one_clear_error(demo_dir, tmp_p
     weights = load_file(model / "model.safetensors")
     del weights["model.layers.1.mlp.up_proj.weight"]
     save_file(weights, model / "model.safetensors")
-    result = subprocess.run(
-        [sys.executable, "-m", "mini_trainer.train", "--model-name-or-path", str(model),
-         "--data-path", str(demo_dir / "data" / "sort.train.jsonl"), "--output-dir",
-         str(tmp_path / "run"), "--max-tokens-per-gpu", "512", "--max-steps", "1"],
-        capture_output=True, text=True, cwd=REPO_ROOT, env=subprocess_env(), timeout=600,
+    result = train_in_process(
+        "--model-name-or-path", model, "--data-path", demo_dir / "data" / "sort.train.jsonl",
+        "--output-dir", tmp_path / "run", "--max-tokens-per-gpu", 512, "--max-steps", 1,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-3000:]
     assert (

@@ -5,14 +5,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from dataclasses import replace
 
 import pytest
 import torch
-from helpers import REPO_ROOT, base_flags, read_metrics, run_launcher, subprocess_env
+from helpers import base_flags, read_metrics, train_in_process
 
 from mini_trainer.errors import UserError
 from mini_trainer.training.checkpoint import TRAINER_STATE
@@ -209,15 +207,9 @@ def test_resume_refuses_another_run_and_accepts_may_change_options(trained_run, 
     args_before = (out / "training_args.json").read_text()
     metrics_before = (out / "metrics.jsonl").read_text()
 
-    def worker(*flags):
-        return subprocess.run(
-            [sys.executable, "-m", "mini_trainer.train", *map(str, flags)],
-            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-        )  # fmt: skip
-
     other = {**trained_run.flags, "learning-rate": 1e-3, "resume": True,
              "data-path": demo_dir / "data" / "sort_desc.train.jsonl"}  # fmt: skip
-    result = worker(*base_flags(demo_dir, out, **other))
+    result = train_in_process(*base_flags(demo_dir, out, **other))  # one rank, this process
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 3, result.stderr
@@ -229,7 +221,7 @@ def test_resume_refuses_another_run_and_accepts_may_change_options(trained_run, 
 
     # Saving more often and keeping fewer states is the same run: it resumes.
     same = {**trained_run.flags, "resume": True, "keep-states": 1}
-    result = run_launcher(*base_flags(demo_dir, out, **same), nproc=1)
+    result = train_in_process(*base_flags(demo_dir, out, **same))
     assert result.returncode == 0, result.stderr
     assert (out / "training_args.json").read_text() == args_before
     (record,) = [json.loads(line) for line in (out / RESUMES_FILE).read_text().splitlines()]

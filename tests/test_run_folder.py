@@ -378,11 +378,8 @@ def _break_sample(data, index_file, sample):
 
 @pytest.mark.slow
 def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(demo_dir, tmp_path):
-    import subprocess
-    import sys
-
     import pandas as pd
-    from helpers import read_metrics, subprocess_env
+    from helpers import read_metrics, train_in_process
 
     from mini_trainer.batching.sampler import BatchSampler
 
@@ -406,11 +403,8 @@ def test_a_run_stopped_by_a_data_error_reruns_with_the_same_command_once_fixed(d
     sample = min((seen[2] - seen[0] - seen[1]) & middle)  # first read by step 3
     line, undo = _break_sample(data, index, sample)
 
-    def run():
-        return subprocess.run(
-            [sys.executable, "-m", "mini_trainer.train", *map(str, flags)],
-            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-        )  # fmt: skip
+    def run():  # `python -m mini_trainer.train FLAGS`, a world of one, in this process
+        return train_in_process(*flags)
 
     failed = run()
     assert failed.returncode == 2, failed.stderr

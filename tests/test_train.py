@@ -286,7 +286,7 @@ def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
     data = tmp_path / "forty.jsonl"
     data.write_text("\n".join(lines) + "\n")
     out = tmp_path / "run"
-    run_torchrun(
+    result = train_in_process(  # one rank, in this process: batches and epochs are global
         *base_flags(
             demo_dir,
             out,
@@ -299,6 +299,7 @@ def test_epoch_mode_with_epoch_and_sample_checkpoints(demo_dir, tmp_path):
             },
         )
     )
+    assert result.returncode == 0, result.stderr
     rows = read_metrics(out)
     # 40 samples in batches of 16: 16, 16, 8 per epoch, every sample once per epoch.
     assert [r["samples_seen"] for r in rows] == [16, 32, 40, 56, 72, 80]

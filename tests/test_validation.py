@@ -9,12 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import REPO_ROOT, base_flags, read_metrics, run_cli, run_launcher, subprocess_env
+from helpers import base_flags, read_metrics, run_cli, run_launcher, train_in_process
 from safetensors.torch import load_file
 
 from mini_trainer.errors import UserError
@@ -133,10 +131,7 @@ def test_invalid_validation_file_is_file_line_and_exit_2(demo_dir, tmp_path):
     out = tmp_path / "out"
     flags = base_flags(demo_dir, out, **{"validation-data-path": bad, "max-steps": 1,
                                           "training-mode": "step"})  # fmt: skip
-    result = subprocess.run(
-        [sys.executable, "-m", "mini_trainer.train", *flags],
-        capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=600,
-    )  # fmt: skip
+    result = train_in_process(*flags)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     # The training data's own report (the same code checks both): one problem is one line.
@@ -273,7 +268,7 @@ def test_early_stopping_is_a_normal_finish_on_one_rank(demo_dir, tmp_path):
         "validation-data-path": val_data, "validation-every-steps": 1, "save-best": True,
         "early-stopping-patience": 2, "early-stopping-min-delta": 100,
     }  # fmt: skip
-    result = run_launcher(*base_flags(demo_dir, out, **flags), nproc=1)
+    result = train_in_process(*base_flags(demo_dir, out, **flags))  # one rank, this process
     assert result.returncode == 0, result.stderr[-4000:]
     stops = [line for line in result.stderr.splitlines() if "early stopping" in line]
     assert len(stops) == 1 and "after step 3" in stops[0], result.stderr[-2000:]
