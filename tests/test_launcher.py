@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 
 import psutil
@@ -19,6 +18,7 @@ from helpers import (
     read_metrics,
     run_launcher,
     subprocess_env,
+    train_in_process,
 )
 
 from mini_trainer.distributed.launcher import exit_status
@@ -159,11 +159,12 @@ def _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path, out_of_vocab=F
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("via", ["train", "launch"])
-def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_path, via):
+def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_path):
+    """Through `mini-trainer launch` (the pipeline's way in); `train --nproc-per-node` runs the
+    same `train.launch` (tests/test_imports.py::test_one_launch_path)."""
     data, index, line = _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path)
     flags = {"data-path": data, "data-index": index, "training-mode": "step", "max-steps": 2}
-    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags), via=via)
+    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags), via="launch")
     assert result.returncode == 2, result.stderr
     lines = [text for text in result.stderr.splitlines() if not text.startswith("mini-trainer")]
     errors = [text for text in lines if "error" in text.lower()]
@@ -222,12 +223,11 @@ def test_stop_signals_reach_every_worker_and_nothing_is_orphaned(demo_dir, tmp_p
     workers = psutil.Process(process.pid).children(recursive=True)
     assert len(workers) >= 2
     if signum == signal.SIGUSR1:
-        # A second job on the same folder, even a --resume, is refused at once.
-        second = subprocess.run(
-            [sys.executable, "-m", "mini_trainer.train",
-             *base_flags(demo_dir, out, **{"training-mode": "infinite", "resume": True})],
-            capture_output=True, text=True, env=subprocess_env(), cwd=REPO_ROOT, timeout=300,
-        )  # fmt: skip
+        # A second job on the same folder, even a --resume, is refused at once (a world of one,
+        # in this process).
+        second = train_in_process(
+            *base_flags(demo_dir, out, **{"training-mode": "infinite", "resume": True})
+        )
         assert second.returncode == 2, second.stderr
         (line,) = [text for text in second.stderr.splitlines() if text.startswith("error")]
         assert "--output-dir is in use by another training job (pid" in line

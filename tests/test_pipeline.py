@@ -362,6 +362,9 @@ def _full_config() -> dict:
             "replay": {"learning_rates": [0.01], "replay_fraction": 0.1},
         },
         training={**demo_config()["training"], "max_steps": 12, "save_every_steps": 6},
+        # One rank per training job: a job's cost here is its processes' start-up, and the
+        # pipeline passes ranks through unchanged (2 ranks: the Slurm and Hub pipeline runs).
+        launch={"nproc_per_node": 1},
     )
 
 
