@@ -72,8 +72,10 @@ from slurm.harness import slurm_cluster  # noqa: E402, F401
 # a Slurm cluster, a trained run) are made once: every test that uses one runs on one worker.
 # Tests that share machine-wide names (network namespaces) are kept on one worker too.
 SHARED_RUN_FIXTURES = (
-    "full_run_attempts", "slurm_cluster", "slurm_reference_run", "validated_run", "svd_cache",
+    "full_run_attempts", "slurm_cluster", "slurm_reference_run", "trained_run", "svd_cache",
 )  # fmt: skip
+"""First match names the group: `validated_run` needs `trained_run`, so its tests and every other
+reader of `trained_run` share one worker and one copy of it."""
 ONE_WORKER_FILES = {"test_two_hosts.py": "two_hosts", "test_compile.py": "compile"}
 
 

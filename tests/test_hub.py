@@ -17,7 +17,14 @@ import threading
 from pathlib import Path
 
 import pytest
-from helpers import REPO_ROOT, base_flags, launcher_command, run_cli, subprocess_env
+from helpers import (
+    REPO_ROOT,
+    base_flags,
+    launcher_command,
+    run_cli,
+    subprocess_env,
+    train_in_process,
+)
 from hf_cache import HubRepo, build_hub_cache, model_files
 
 from mini_trainer.errors import UserError
@@ -214,10 +221,11 @@ def test_resolve_model_command_writes_the_record(offline_home, tmp_path):
 
 
 @pytest.mark.slow
-def test_train_evaluate_and_resume_after_main_moved(demo_model, demo_dir, tmp_path):
+def test_train_evaluate_and_resume_after_main_moved(demo_model, demo_dir, tmp_path, monkeypatch):
     """Two ranks train from `ORG/NAME` offline (local rank 0 resolves, rank 1 waits); the commit
     is recorded; evaluate records it; after `main` moves, --resume is refused naming both
-    commits, and pinning the old commit continues the run."""
+    commits, and pinning the old commit continues the run. After the launch, everything runs
+    in this process (a world of one), against the same cache."""
     repo = build_hub_cache(demo_model, tmp_path / "hf_home")
     first = (repo.folder / "refs" / "main").read_text()
     env = subprocess_env(**repo.env())
@@ -239,22 +247,25 @@ def test_train_evaluate_and_resume_after_main_moved(demo_model, demo_dir, tmp_pa
     exported = json.loads((out / "final" / "training_args.json").read_text())
     assert exported["model_revision"] == first
 
-    evaluated = run_cli("evaluate", "--model", REPO_ID, "--data",
-                        demo_dir / "data" / "sort_plus1.eval.jsonl", "--out", tmp_path / "e.json",
-                        env=env)  # fmt: skip
+    for name, value in repo.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    data = demo_dir / "data" / "sort_plus1.eval.jsonl"
+    evaluated = run_cli("evaluate", "--model", REPO_ID, "--data", data, "--out", tmp_path / "e")
     assert evaluated.returncode == 0, evaluated.stderr
-    record = json.loads((tmp_path / "e.json").read_text())
+    record = json.loads((tmp_path / "e").read_text())
     assert (record["model_hub_id"], record["model_commit"]) == (REPO_ID, first)
 
     files = model_files(demo_model)
     files["README.md"] = b"a new commit on main\n"
     second = repo.add_snapshot(files)  # refs/main now points at it
-    refused = launch("--resume")
+    refused = train_in_process(*flags, "--resume")
     assert refused.returncode == 2, refused.stderr[-4000:]
     assert f"commit {first}" in refused.stderr and f"commit {second}" in refused.stderr
     assert f"--model-revision {first}" in refused.stderr
-    pinned = launch("--resume", "--model-revision", first)
+    pinned = train_in_process(*flags, "--resume", "--model-revision", first)
     assert pinned.returncode == 0, pinned.stderr[-4000:]
+    assert f"resumed from {out / 'state' / 'step_2'}" in pinned.stderr
 
 
 def test_once_per_node_rank1_waits_for_local_rank0(offline_home, tmp_path):

@@ -23,7 +23,7 @@ def hub_config(demo_dir, **overrides) -> dict:
             for task in ("sort", "sort_desc")
         },
         "stages": ["sort"],
-        "launch": {"nproc_per_node": 2},
+        "launch": {"nproc_per_node": 1},  # a job's cost is start-up; ranks: the Slurm pipeline
         "training": {
             "batch_size": 16,
             "max_tokens_per_gpu": 2048,

@@ -363,7 +363,7 @@ def _full_config() -> dict:
         },
         training={**demo_config()["training"], "max_steps": 12, "save_every_steps": 6},
         # One rank per training job: a job's cost here is its processes' start-up, and the
-        # pipeline passes ranks through unchanged (2 ranks: the Slurm and Hub pipeline runs).
+        # pipeline passes ranks through unchanged (2 ranks: the Slurm pipeline run).
         launch={"nproc_per_node": 1},
     )
 

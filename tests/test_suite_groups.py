@@ -48,6 +48,8 @@ def test_the_expensive_fixtures_and_files_get_their_group():
         Item("test_report.py", ["slurm_cluster", "slurm_reference_run"]),
         Item("test_compile.py", ["demo_dir"]),
         Item("test_train.py", ["demo_dir", "tmp_path"]),
+        Item("test_validation.py", ["validated_run", "trained_run", "demo_dir"]),
+        Item("test_faults.py", ["demo_dir", "trained_run"]),
     ]
     pytest_collection_modifyitems(None, items)
     assert [item.marks for item in items] == [
@@ -55,5 +57,7 @@ def test_the_expensive_fixtures_and_files_get_their_group():
         ["slurm_cluster"],
         [ONE_WORKER_FILES["test_compile.py"]],
         [],
+        ["trained_run"],  # one copy of trained_run for it and for validated_run's tests
+        ["trained_run"],
     ]
     assert "slurm_cluster" in SHARED_RUN_FIXTURES

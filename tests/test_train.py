@@ -42,8 +42,10 @@ def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
     import torch.distributed.checkpoint as dcp
     from transformers import AutoModelForCausalLM
 
+    # One rank, in this process. Two ranks' export against their sharded state:
+    # test_osft_train.py (50 steps, 2 ranks) and test_models_io.py (streaming export, 2 ranks).
     out = tmp_path / "run"
-    run_torchrun(
+    result = train_in_process(
         *base_flags(
             demo_dir,
             out,
@@ -57,6 +59,7 @@ def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
             },
         )
     )
+    assert result.returncode == 0, result.stderr
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(1, 61))
     first, last = sum(r["loss"] for r in rows[:5]) / 5, sum(r["loss"] for r in rows[-5:]) / 5
@@ -68,7 +71,7 @@ def test_loss_falls_and_final_loads_with_transformers(demo_dir, tmp_path):
     args = json.loads((out / "training_args.json").read_text())
     assert args["max_steps"] == 60 and args["lr_scheduler"] == "cosine"
 
-    # final/ holds exactly the training model's weights: compare with the sharded state.
+    # final/ holds exactly the training model's weights: compare with the saved state.
     exported = AutoModelForCausalLM.from_pretrained(out / "final").eval()
     trained = AutoModelForCausalLM.from_pretrained(demo_dir / "model").eval()
     state = {"model": {f"model.{k}": v for k, v in trained.state_dict().items()}}

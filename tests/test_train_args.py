@@ -144,7 +144,7 @@ def test_run_training_api(demo_dir, tmp_path, monkeypatch):
         batch_size=8, max_tokens_per_gpu=512, training_mode="step", max_steps=3,
         save_final_checkpoint=True,
     )  # fmt: skip
-    run_training(TorchrunArgs(nproc_per_node=2), args, echo=False)
+    run_training(TorchrunArgs(nproc_per_node=1), args, echo=False)
     assert (tmp_path / "api" / "final" / "config.json").is_file()
     assert len((tmp_path / "api" / "metrics.jsonl").read_text().splitlines()) == 3
 
