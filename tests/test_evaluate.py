@@ -140,7 +140,9 @@ def test_single_process_equals_per_sample_transformers(demo_dir, eval_set, tmp_p
 def test_several_files_in_one_run_equal_one_run_each(demo_dir, eval_set, tmp_path):
     """`--data A --out a --data B --out b` loads the model once and writes what two runs write."""
     path, _ = eval_set
-    other = demo_dir / "data" / "sort_desc.eval.jsonl"
+    other = tmp_path / "other.eval.jsonl"  # 40 samples of another task
+    lines = (demo_dir / "data" / "sort.eval.jsonl").read_text().splitlines(keepends=True)
+    other.write_text("".join(lines[:40]))
     model = demo_dir / "model"
     result = run_cli(
         "evaluate", "--model", model, "--data", path, "--out", tmp_path / "a.json",

@@ -278,7 +278,7 @@ def test_a_non_finite_loss_stops_at_its_step_and_exports_nothing(demo_dir, tmp_p
     out = tmp_path / "run"
     flags = {"learning-rate": 1e30, "training-mode": "step", "max-steps": 6,
              "save-every-steps": 1, "save-final-checkpoint": True}  # fmt: skip
-    result = run_launcher(*base_flags(demo_dir, out, **flags))
+    result = run_launcher(*base_flags(demo_dir, out, **flags), nproc=1)
     assert result.returncode == 3, result.stderr
     (line,) = [text for text in result.stderr.splitlines() if text.startswith("error")]
     rows = read_metrics(out)

@@ -16,7 +16,6 @@ from helpers import (
     run_cli,
     run_torchrun,
     subprocess_env,
-    torchrun_command,
     train_in_process,
 )
 from safetensors.torch import load_file
@@ -146,19 +145,24 @@ def test_train_refuses_a_cache_of_other_patterns(demo_dir, tmp_path):
 
 
 def test_osft_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
-    flags = {"max-steps": 16, "batch-size": 16, "weight-decay": 0.1}
+    """One rank: the killed job a child (`python -m mini_trainer.train`), the uninterrupted and
+    the resumed ones in this process. OSFT's SIGKILL and resume on 2 ranks (FSDP2-sharded
+    factors): tests/test_compile.py's compiled resume test."""
+    flags = {"max-steps": 32, "batch-size": 16, "weight-decay": 0.1}  # steps to kill it in
     straight = tmp_path / "straight"
-    run_torchrun(*osft_flags(demo_dir, straight, **flags))
+    assert train_in_process(*osft_flags(demo_dir, straight, **flags)).returncode == 0
 
     killed = tmp_path / "killed"
-    argv = torchrun_command(*osft_flags(demo_dir, killed, **flags, **{"save-every-steps": 4}))
+    argv = [sys.executable, "-m", "mini_trainer.train",
+            *osft_flags(demo_dir, killed, **flags, **{"save-every-steps": 4})]  # fmt: skip
     kill_when_saved(argv, killed / "state" / "step_4")
 
     resumed = {"save-every-steps": 4, "resume": True}
-    result = run_torchrun(*osft_flags(demo_dir, killed, **flags, **resumed))
+    result = train_in_process(*osft_flags(demo_dir, killed, **flags, **resumed))
+    assert result.returncode == 0, result.stderr
     resumed_at = int(result.stderr.split("resumed from ")[1].split("(step ")[1].split(")")[0])
-    assert 4 <= resumed_at < 16
-    assert [r["step"] for r in read_metrics(killed)] == list(range(1, 17))
+    assert 4 <= resumed_at < 32
+    assert [r["step"] for r in read_metrics(killed)] == list(range(1, 33))
     assert_weights_close(final_weights(killed), final_weights(straight), rtol=1e-6)
 
 
@@ -180,8 +184,12 @@ def test_osft_svd_split_over_two_ranks_equals_one_process(demo_dir, tmp_path, sv
         "factors-00001-00000.safetensors",
     ]
     single = tmp_path / "cache1"
-    run_cli("osft-svd", "--model", demo_dir / "model", "--out", single, check=True,
-            env={**subprocess_env(), "OMP_NUM_THREADS": "1"})  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # in this process, one BLAS thread like each torchrun worker
+    try:
+        run_cli("osft-svd", "--model", demo_dir / "model", "--out", single, check=True)
+    finally:
+        torch.set_num_threads(threads)
     one, two = cached_factors(single), cached_factors(out)
     assert one.keys() == two.keys() and len(one) == 28 * 3
     for key in one:

@@ -237,21 +237,16 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
         "--out-index", index, "--out-summary", tmp_path / "sort.json", check=True,
     )  # fmt: skip
     out = tmp_path / "run"
-    result = run_torchrun(
-        *base_flags(
-            demo_dir,
-            out,
-            task="sort",
-            **{
-                "data-index": index,
-                "activation-checkpointing": True,
-                "wandb-project": "mini-trainer-test",
-                "training-mode": "step",
-                "max-steps": 3,
-            },
-        ),
-        env={"WANDB_MODE": "offline"},
-    )
+    # One rank, a child (`python -m mini_trainer.train`: wandb starts its own service process).
+    flags = {"data-index": index, "activation-checkpointing": True, "training-mode": "step",
+             "wandb-project": "mini-trainer-test", "max-steps": 3}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "mini_trainer.train",
+         *base_flags(demo_dir, out, task="sort", **flags)],
+        capture_output=True, text=True, env=subprocess_env(WANDB_MODE="offline"), cwd=REPO_ROOT,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
     assert "attention implementation: mini_trainer_packed_sdpa" in result.stderr
     assert "activation checkpointing: every decoder layer" in result.stderr
