@@ -119,6 +119,31 @@ def test_lost_peer_recognises_a_closed_connection_through_causes():
     assert lost_peer(ValueError("bad value")) is None
 
 
+def test_a_lost_rendezvous_host_is_one_line_naming_it():
+    """Host A (serving the rendezvous store) killed: torchrun's agent on host B raises a
+    RendezvousConnectionError; the launcher says so in one line (no traceback)."""
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
+
+    from mini_trainer.distributed.lifetime import lost_rendezvous
+
+    try:
+        try:
+            raise RuntimeError("Connection reset by peer\nException raised from recvBytes")
+        except RuntimeError as error:
+            raise RendezvousConnectionError("The connection to the C10d store has failed.") from (
+                error
+            )
+    except RendezvousConnectionError as wrapped:
+        line = lost_rendezvous(wrapped, "10.231.0.1:29555")
+    assert "\n" not in line
+    assert line.startswith(
+        "lost contact with the rendezvous host 10.231.0.1:29555 (Connection reset by peer)"
+    )
+    assert "--resume on every host" in line
+    bare = lost_rendezvous(RendezvousConnectionError("store gone"), "h:1")
+    assert "(store gone)" in bare
+
+
 OUT_OF_VOCAB = 99999
 
 

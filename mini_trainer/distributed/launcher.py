@@ -30,6 +30,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mini_trainer.distributed.lifetime import lost_rendezvous
 from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
     # deferred: torch (workers import this module for write_report before their flags are read)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
@@ -158,6 +160,7 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
             logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     failures: dict[int, int] = {}
+    lost: str | None = None
     with tempfile.TemporaryDirectory(prefix="mini-trainer-reports-") as folder:
         os.environ[REPORT_DIR_ENV] = folder
         try:
@@ -168,9 +171,13 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
             # Forwarded to the workers, which saved and reported (or were killed after the
             # shutdown timeout, which the reports then lack).
             failures = {-1: -int(error.sigval)}
+        except RendezvousError as error:  # the host serving the rendezvous store is gone
+            lost = lost_rendezvous(error, parsed.rdzv_endpoint)
         finally:
             os.environ.pop(REPORT_DIR_ENV, None)
         status, lines = exit_status(read_reports(folder), failures)
+    if lost is not None and status in (0, 1):  # a rank's user error or stop says more
+        status, lines = 1, [f"error: {lost}"]
     for line in lines:
         print(line, file=sys.stderr)
     return status

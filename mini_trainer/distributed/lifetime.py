@@ -52,6 +52,21 @@ LOST_PEER_SIGNS = (
 by the kernel when it died (SIGKILL, the OOM killer, a host that went down)."""
 
 
+def lost_rendezvous(error: BaseException, endpoint: str) -> str:
+    """One line for a launcher whose rendezvous store went away mid-job: the host serving it
+    (`--rdzv-endpoint`, node rank 0 under `--rdzv-conf is_host=true`) died or became
+    unreachable. torchrun's agent raises a RendezvousError with a traceback."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    cause = error.__cause__ or error.__context__
+    if cause is not None and str(cause).strip():
+        reason = str(cause).strip().splitlines()[0]
+    return (
+        f"lost contact with the rendezvous host {endpoint} ({reason}): its processes or the "
+        "network stopped; run the same command with --resume on every host to continue from "
+        "the last saved state"
+    )
+
+
 def lost_peer(error: BaseException) -> str | None:
     """One line for a worker whose peer died mid-job, or None for any other error.
 
