@@ -8,17 +8,13 @@ model, and later compiled runs reuse inductor's on-disk cache of the first one's
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 from helpers import (
-    REPO_ROOT,
     base_flags,
     kill_when_saved,
     read_metrics,
     run_torchrun,
-    subprocess_env,
     torchrun_command,
     train_in_process,
 )
@@ -38,13 +34,15 @@ def test_a_missing_cxx_compiler_is_named(monkeypatch):
 
 
 @pytest.mark.slow
-def test_compile_without_a_compiler_stops_with_one_line(demo_dir, tmp_path):
+def test_compile_without_a_compiler_stops_with_one_line(demo_dir, tmp_path, monkeypatch):
+    """A whole one-rank job in this process, inductor's compiler set as `CXX=/nonexistent/c++`
+    sets it (test_a_missing_cxx_compiler_is_named)."""
+    from torch._inductor import config
+
+    monkeypatch.setattr(config.cpp, "cxx", (None, "/nonexistent/c++"))
     out = tmp_path / "run"
     flags = base_flags(demo_dir, out, **{"training-mode": "step", "max-steps": 1, "compile": True})
-    result = subprocess.run(
-        [sys.executable, "-m", "mini_trainer.train", *flags], capture_output=True, text=True,
-        env=subprocess_env(CXX="/nonexistent/c++"), cwd=REPO_ROOT, timeout=600,
-    )  # fmt: skip
+    result = train_in_process(*flags)
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if "--compile" in line]
     assert len(errors) == 1 and "cannot build kernels" in errors[0], result.stderr[-3000:]

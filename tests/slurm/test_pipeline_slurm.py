@@ -34,7 +34,9 @@ WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 CONFIG = {
     "model": "demo",
     "stages": ["sort", "sort_desc"],
-    "launch": {"nproc_per_node": 2, "nodes": 1, "gpus_per_node": 0},
+    # One rank per job (a job's cost is start-up); the rule's launch command for N ranks:
+    # tests/test_pipeline_logic.py; 2 ranks per node under Slurm: test_training_slurm.py.
+    "launch": {"nproc_per_node": 1, "nodes": 1, "gpus_per_node": 0},
     "training": {
         "batch_size": 16,
         "max_tokens_per_gpu": 2048,
