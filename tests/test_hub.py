@@ -222,10 +222,11 @@ def test_resolve_model_command_writes_the_record(offline_home, tmp_path):
 
 @pytest.mark.slow
 def test_train_evaluate_and_resume_after_main_moved(demo_model, demo_dir, tmp_path, monkeypatch):
-    """Two ranks train from `ORG/NAME` offline (local rank 0 resolves, rank 1 waits); the commit
-    is recorded; evaluate records it; after `main` moves, --resume is refused naming both
-    commits, and pinning the old commit continues the run. After the launch, everything runs
-    in this process (a world of one), against the same cache."""
+    """The launcher trains from `ORG/NAME` offline (one rank; two ranks of a node resolving
+    once: test_once_per_node_rank1_waits_for_local_rank0); the commit is recorded; evaluate
+    records it; after `main` moves, --resume is refused naming both commits, and pinning the
+    old commit continues the run. After the launch, everything runs in this process (a world
+    of one), against the same cache."""
     repo = build_hub_cache(demo_model, tmp_path / "hf_home")
     first = (repo.folder / "refs" / "main").read_text()
     env = subprocess_env(**repo.env())
@@ -235,11 +236,8 @@ def test_train_evaluate_and_resume_after_main_moved(demo_model, demo_dir, tmp_pa
         "save-every-steps": 2, "save-final-checkpoint": True,
     })  # fmt: skip
 
-    def launch(*extra):
-        return subprocess.run(launcher_command(*flags, *extra), capture_output=True, text=True,
-                              env=env, cwd=REPO_ROOT, timeout=600)  # fmt: skip
-
-    result = launch()
+    result = subprocess.run(launcher_command(*flags, nproc=1), capture_output=True, text=True,
+                            env=env, cwd=REPO_ROOT, timeout=600)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     args = json.loads((out / "training_args.json").read_text())
     assert args["model_revision"] == first

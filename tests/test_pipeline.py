@@ -211,9 +211,7 @@ def test_plan_rule_stops_a_config_that_does_not_fit(tmp_path):
     assert not (workdir / "results/train").exists()
 
 
-@pytest.mark.parametrize(
-    ("change", "key"),
-    [
+BAD_CONFIGS = [
         ({"training": {"max_tokens_per_gpu": 2048, "batch_size": "big"}}, "batch_size"),
         ({"training": {"max_tokens_per_gpu": 2048, "batch_sise": 8}}, "batch_sise"),
         ({"evaluation": {"max_tokens_per_gpu": 0}}, "max_tokens_per_gpu"),
@@ -227,9 +225,13 @@ def test_plan_rule_stops_a_config_that_does_not_fit(tmp_path):
         ({"mixtures": {"sort": {"sort": 1, "nope": 0.1}}}, "mixtures.sort.nope"),
         ({"methods": {"r": {"learning_rates": [0.1], "replay_fraction": 1.5}}},
          "methods.r.replay_fraction"),
-    ],
-)  # fmt: skip
+]  # fmt: skip
+"""(change to the default config, the key its error must name)."""
+
+
+@pytest.mark.parametrize(("change", "key"), [BAD_CONFIGS[1], BAD_CONFIGS[6]])
 def test_bad_config_fails_at_once_naming_the_key(tmp_path, change, key):
+    """Through snakemake: a schema error and an error of the checks beyond the schema."""
     workdir = make_workdir(tmp_path / "w")
     config = yaml.safe_load((workdir / "config/config.yaml").read_text())
     config.update(change)
@@ -239,6 +241,24 @@ def test_bad_config_fails_at_once_naming_the_key(tmp_path, change, key):
     message = result.stdout + result.stderr
     assert key in message, message[-3000:]
     assert not (workdir / "results").exists()
+
+
+@pytest.mark.parametrize(("change", "key"), BAD_CONFIGS)
+def test_each_bad_config_is_refused_naming_the_key(change, key):
+    """What the Snakefile runs on a config before any job (its schema, then the package's
+    checks), in this process: no Snakemake start-up per case."""
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    from mini_trainer.pipeline import check_config
+    from mini_trainer.pipeline.errors import ConfigError
+
+    config = yaml.safe_load((REPO_ROOT / "config/config.yaml").read_text())
+    config.update(change)
+    with pytest.raises((WorkflowError, ConfigError)) as refused:
+        validate(config, str(REPO_ROOT / "workflow/schemas/config.schema.yaml"))
+        check_config(config)
+    assert key in str(refused.value), str(refused.value)[-3000:]
 
 
 def test_config_keys_cover_the_training_flags():
