@@ -17,13 +17,15 @@ from pathlib import Path
 import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+WORLD_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""What torchrun (or a world-of-one process group) sets: a new job picks its own."""
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for child processes: this checkout importable, no network, quiet threads."""
     env = dict(os.environ)
     # In-process runs (a world of one) set these in the test process; a child must pick its own.
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
+    for name in WORLD_VARIABLES:
         env.pop(name, None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("HF_HUB_OFFLINE", "1")
@@ -133,6 +135,7 @@ def train_in_process(*train_flags) -> subprocess.CompletedProcess:
 
     import torch
 
+    from mini_trainer.distributed.launcher import REPORT_DIR_ENV
     from mini_trainer.distributed.preemption import STOP_SIGNALS
     from mini_trainer.train import main
 
@@ -141,21 +144,20 @@ def train_in_process(*train_flags) -> subprocess.CompletedProcess:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 gives a child (subprocess_env)
     try:
-        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE",
-                     "TORCHELASTIC_RUN_ID", "MINI_TRAINER_REPORT_DIR"):  # fmt: skip
+        for name in (*WORLD_VARIABLES, "TORCHELASTIC_RUN_ID", REPORT_DIR_ENV):
             os.environ.pop(name, None)
         os.environ.update(HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
         argv = [str(flag) for flag in train_flags]
         out, err = io.StringIO(), io.StringIO()
         logger = logging.getLogger("mini_trainer")
-        handler, level = logging.StreamHandler(err), logger.level
-        logger.addHandler(handler)
+        log_lines, level = logging.StreamHandler(err), logger.level
+        logger.addHandler(log_lines)
         logger.setLevel(logging.INFO)
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 status = main(argv)
         finally:
-            logger.removeHandler(handler)
+            logger.removeHandler(log_lines)
             logger.setLevel(level)
         return subprocess.CompletedProcess(argv, status, out.getvalue(), err.getvalue())
     finally:

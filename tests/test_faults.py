@@ -55,11 +55,6 @@ def test_validate_and_tokenize_refuse_a_read_only_output_before_scanning(demo_di
     assert not (tmp_path / "s.json").exists()
 
 
-def _worker(*flags):
-    """`python -m mini_trainer.train FLAGS`: a world of one process (this one)."""
-    return train_in_process(*flags)
-
-
 NO_STATE_ADVICE = (
     "partial files removed; no state was saved, so the run cannot continue: make room and run "
     "again with --resume auto, which keeps this attempt aside and starts over"
@@ -73,7 +68,7 @@ def test_a_full_disk_during_a_state_save_is_one_line_and_leaves_no_partial_folde
     with tmpfs(tmp_path / "small", "size=6m") as small:
         out = small / "run"
         flags = {"training-mode": "step", "max-steps": 2, "save-every-steps": 1}
-        result = _worker(*base_flags(demo_dir, out, **flags))
+        result = train_in_process(*base_flags(demo_dir, out, **flags))
         assert result.returncode == 2, result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
         # No state was saved before: --resume would refuse the folder, so it is not the advice.
@@ -118,7 +113,7 @@ def test_a_full_disk_writing_final_without_a_state_advises_what_the_next_command
     with tmpfs(tmp_path / "small", "size=2m") as small:
         out = small / "run"
         flags = {"training-mode": "step", "max-steps": 1, "save-final-checkpoint": True}
-        result = _worker(*base_flags(demo_dir, out, **flags))
+        result = train_in_process(*base_flags(demo_dir, out, **flags))
         assert result.returncode == 2, result.stderr
         errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
         assert errors == [f"error: {out}: writing final failed: No space left on device "

@@ -33,13 +33,18 @@ from mini_trainer.models.hub import hub_source, resolve_model
 REPO_ID = "demo-org/tiny-llama"
 
 
+def use_offline_cache(monkeypatch, repo: HubRepo) -> HubRepo:
+    """`repo`'s Hub cache, offline, for resolution in this process."""
+    for name, value in repo.env().items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    return repo
+
+
 @pytest.fixture
 def offline_home(monkeypatch, hub_repo):
     """The session's Hub cache, offline, for in-process resolution."""
-    for name, value in hub_repo.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    return hub_repo
+    return use_offline_cache(monkeypatch, hub_repo)
 
 
 def _error(call) -> str:
@@ -245,13 +250,11 @@ def test_train_evaluate_and_resume_after_main_moved(demo_model, demo_dir, tmp_pa
     exported = json.loads((out / "final" / "training_args.json").read_text())
     assert exported["model_revision"] == first
 
-    for name, value in repo.env().items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    data = demo_dir / "data" / "sort_plus1.eval.jsonl"
-    evaluated = run_cli("evaluate", "--model", REPO_ID, "--data", data, "--out", tmp_path / "e")
+    use_offline_cache(monkeypatch, repo)
+    data, written = demo_dir / "data" / "sort_plus1.eval.jsonl", tmp_path / "e.json"
+    evaluated = run_cli("evaluate", "--model", REPO_ID, "--data", data, "--out", written)
     assert evaluated.returncode == 0, evaluated.stderr
-    record = json.loads((tmp_path / "e").read_text())
+    record = json.loads(written.read_text())
     assert (record["model_hub_id"], record["model_commit"]) == (REPO_ID, first)
 
     files = model_files(demo_model)

@@ -52,18 +52,22 @@ LOST_PEER_SIGNS = (
 by the kernel when it died (SIGKILL, the OOM killer, a host that went down)."""
 
 
+RESUME_EVERYWHERE = (
+    "run the same command with --resume on every host to continue from the last saved state"
+)
+"""The advice after losing part of a multi-process job."""
+
+
 def lost_rendezvous(error: BaseException, endpoint: str) -> str:
     """One line for a launcher whose rendezvous store went away mid-job: the host serving it
     (`--rdzv-endpoint`, node rank 0 under `--rdzv-conf is_host=true`) died or became
     unreachable. torchrun's agent raises a RendezvousError with a traceback."""
-    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
     cause = error.__cause__ or error.__context__
-    if cause is not None and str(cause).strip():
-        reason = str(cause).strip().splitlines()[0]
+    source = cause if cause is not None and str(cause).strip() else error
+    reason = (str(source).strip().splitlines() or [type(error).__name__])[0]
     return (
         f"lost contact with the rendezvous host {endpoint} ({reason}): its processes or the "
-        "network stopped; run the same command with --resume on every host to continue from "
-        "the last saved state"
+        f"network stopped; {RESUME_EVERYWHERE}"
     )
 
 
@@ -88,8 +92,7 @@ def lost_peer(error: BaseException) -> str | None:
             reason = reason.split(". This is typically")[0]  # gloo's advice: not for a kill
             return (
                 f"lost contact with another process of this job ({reason}): a process or "
-                "host died or the network failed; run the same command with --resume on every "
-                "host to continue from the last saved state"
+                f"host died or the network failed; {RESUME_EVERYWHERE}"
             )
         todo += [current.__cause__, current.__context__]
         failures = getattr(current, "failures", None)  # CheckpointException: rank -> error
