@@ -92,14 +92,15 @@ def launcher_command(*train_flags, nproc: int = 2, via: str = "train") -> list[s
 
 
 def run_launcher(
-    *train_flags, nproc: int = 2, timeout: int = 600, via: str = "train"
+    *train_flags, nproc: int = 2, timeout: int = 600, via: str = "train", env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a training job through the launcher; return it whatever its exit status."""
+    """Run a training job through the launcher; return it whatever its exit status. `env`:
+    the whole environment (default `subprocess_env()`)."""
     return subprocess.run(
         launcher_command(*train_flags, nproc=nproc, via=via),
         capture_output=True,
         text=True,
-        env=subprocess_env(),
+        env=subprocess_env() if env is None else env,
         cwd=REPO_ROOT,
         timeout=timeout,
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 
 import psutil
@@ -144,6 +145,41 @@ def test_a_lost_rendezvous_host_is_one_line_naming_it():
     assert "(store gone)" in bare
 
 
+STORE_GOES_AWAY = """
+import os, sys
+from datetime import timedelta
+if sys.argv[1] == "quiet":
+    from mini_trainer.distributed.launcher import import_torch_quietly
+    import_torch_quietly()
+print("workers get:", os.environ.get("TORCH_CPP_LOG_LEVEL"))
+import torch.distributed as dist
+server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+client = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=timedelta(seconds=5))
+client.set("seen", "1")
+del server  # as when the host serving the rendezvous store dies
+try:
+    client.get("next")
+except Exception as error:
+    print("raised", type(error).__name__)
+"""
+
+
+@pytest.mark.parametrize("mode", ["loud", "quiet"])
+def test_the_launcher_keeps_c10d_store_warnings_out_of_its_output(mode):
+    """A store client whose server is gone, as host B's agent when host A dies: c10 logs each
+    failed socket call as a warning with a C++ stack (the `loud` control: plain torch), unless
+    torch was imported through `import_torch_quietly` (the launcher's way), which leaves
+    TORCH_CPP_LOG_LEVEL unset for the workers it starts."""
+    result = subprocess.run(
+        [sys.executable, "-c", STORE_GOES_AWAY, mode],
+        capture_output=True, text=True, timeout=120, env=subprocess_env(), cwd=REPO_ROOT,
+    )  # fmt: skip
+    assert "raised DistNetworkError" in result.stdout, result.stdout + result.stderr
+    assert "workers get: None" in result.stdout
+    noisy = "TCPStore.cpp" in result.stderr and "frame #0" in result.stderr
+    assert noisy == (mode == "loud"), result.stderr[-2000:]
+
+
 OUT_OF_VOCAB = 99999
 
 
@@ -189,11 +225,15 @@ def test_a_user_error_on_rank_1_is_printed_once_with_its_status(demo_dir, tmp_pa
     same `train.launch` (tests/test_imports.py::test_one_launch_path)."""
     data, index, line = _big_data_with_a_changed_sample_on_rank_1(demo_dir, tmp_path)
     flags = {"data-path": data, "data-index": index, "training-mode": "step", "max-steps": 2}
-    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags), via="launch")
+    env = subprocess_env()
+    env.pop("OMP_NUM_THREADS")  # as a user's shell: the launcher sets 1 for the workers
+    result = run_launcher(*base_flags(demo_dir, tmp_path / "run", **flags), via="launch", env=env)
     assert result.returncode == 2, result.stderr
-    lines = [text for text in result.stderr.splitlines() if not text.startswith("mini-trainer")]
-    errors = [text for text in lines if "error" in text.lower()]
-    assert errors == [
+    # Besides the workers' `[rankN]` log lines and launch's own command line, only the error:
+    # no banner from torchrun (OMP_NUM_THREADS), no warning about the flags launch built.
+    lines = [text for text in result.stderr.splitlines() if not text.startswith("[rank")]
+    assert lines[0].startswith("mini-trainer launch (standalone): ")
+    assert lines[1:] == [
         f"error: {data}:{line}: the data no longer matches its index (the file changed after "
         "validation); rerun `mini-trainer validate`"
     ], result.stderr

@@ -119,37 +119,50 @@ def test_two_hosts_train_the_same_weights_as_one_host_with_two_ranks(
     assert_same_final_weights(out, slurm_reference_run)
 
 
+def kill_host_after_first_state(out, doomed_host, survivor) -> float:
+    """SIGKILL to `doomed_host`'s launcher and worker (a power cut) once the run's first state
+    is saved; the time of the kill."""
+    deadline = time.monotonic() + 600
+    while not (out / "state" / "step_2").exists():
+        assert doomed_host.poll() is None and survivor.poll() is None, "a host ended early"
+        assert time.monotonic() < deadline, "no state after 10 minutes"
+        time.sleep(0.02)
+    doomed = [*psutil.Process(doomed_host.pid).children(recursive=True)]
+    doomed.append(psutil.Process(doomed_host.pid))
+    for process in doomed:  # the worker first: its parent's death would only send it SIGTERM
+        process.send_signal(signal.SIGKILL)
+    psutil.wait_procs(doomed, timeout=60)
+    doomed_host.communicate(timeout=60)
+    return time.monotonic()
+
+
+def assert_one_line_stop(survivor, killed_at: float, reason: str) -> None:
+    """The surviving host's job exits non-zero soon, with one line naming the loss and the
+    resume, no traceback, no C++ stack: only its workers' `[rankN]` lines and c10d's warnings
+    at the start ("[W... socket.cpp] [c10d] The hostname of the client socket cannot be
+    retrieved": no reverse DNS in bare namespaces) besides."""
+    _, stderr = survivor.communicate(timeout=STOP_BOUND_S)
+    assert time.monotonic() - killed_at < STOP_BOUND_S
+    assert survivor.returncode not in (0, 75), stderr
+    for noise in ("Traceback", "terminate called", "frame #", "TCPStore.cpp"):
+        assert noise not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if not line.startswith(("[rank", "[W"))]
+    assert len(lines) == 1 and lines[0].startswith(f"error: lost contact with {reason}"), stderr
+    assert lines[0].endswith("--resume on every host to continue from the last saved state")
+
+
 @pytest.mark.slow
 def test_killing_one_host_stops_the_other_with_one_line_and_both_resume_exactly(
     two_hosts, slurm_reference_run, demo_dir, tmp_path
 ):
-    """Host B dies outright (SIGKILL to its launcher and its worker, as a power cut would):
-    host A's job loses its peer and exits non-zero with one line, no traceback; the same
-    command (it carries --resume) on both hosts then continues to the uninterrupted weights."""
+    """Host B dies outright: host A's job loses its peer and exits non-zero with one line, no
+    traceback; the same command (it carries --resume) on both hosts then continues to the
+    uninterrupted weights."""
     out = tmp_path / "run"
     flags = [*train_flags(demo_dir, out), "--save-every-steps", "2"]
     host_a, host_b = start_job(two_hosts, flags)
-    deadline = time.monotonic() + 600
-    while not (out / "state" / "step_2").exists():
-        assert host_a.poll() is None and host_b.poll() is None, "a host ended before step 2"
-        assert time.monotonic() < deadline, "no state after 10 minutes"
-        time.sleep(0.02)
-    doomed = [*psutil.Process(host_b.pid).children(recursive=True), psutil.Process(host_b.pid)]
-    for process in doomed:  # the worker first: its parent's death would only send it SIGTERM
-        process.send_signal(signal.SIGKILL)
-    psutil.wait_procs(doomed, timeout=60)
-    host_b.communicate(timeout=60)
-    killed_at = time.monotonic()
-
-    _, stderr = host_a.communicate(timeout=STOP_BOUND_S)
-    assert time.monotonic() - killed_at < STOP_BOUND_S
-    assert host_a.returncode not in (0, 75), stderr
-    assert "Traceback" not in stderr and "terminate called" not in stderr, stderr
-    # "[W... socket.cpp] [c10d] The hostname of the client socket cannot be retrieved" at the
-    # start (no reverse DNS in bare namespaces) is c10d's, not the stop's: left out here.
-    lines = [line for line in stderr.splitlines() if not line.startswith(("[rank", "[W"))]
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    assert "lost" in lines[0] and "--resume" in lines[0], lines[0]
+    killed_at = kill_host_after_first_state(out, host_b, host_a)
+    assert_one_line_stop(host_a, killed_at, "another process of this job")
     assert not (out / "final").exists(), "the run finished before host B was killed"
     assert len(metrics(out)) < STEPS, "killed too late to test a resume"
 
@@ -157,3 +170,15 @@ def test_killing_one_host_stops_the_other_with_one_line_and_both_resume_exactly(
     assert "resumed from" in stderr[0] + stderr[1]
     assert [row["step"] for row in metrics(out)] == list(range(1, STEPS + 1))
     assert_same_final_weights(out, slurm_reference_run)
+
+
+@pytest.mark.slow
+def test_killing_the_rendezvous_host_stops_the_other_with_one_line(two_hosts, demo_dir, tmp_path):
+    """Host A, which serves the rendezvous store, dies outright: host B's launcher loses the
+    store (torchrun's RendezvousConnectionError, and c10d's C++ warnings with a stack for each
+    failed socket call, kept out by `import_torch_quietly`) and exits with one line naming the
+    host. Resuming after it is the same as after losing host B (the test above)."""
+    out = tmp_path / "run"
+    host_a, host_b = start_job(two_hosts, [*train_flags(demo_dir, out), "--save-every-steps", "2"])
+    killed_at = kill_host_after_first_state(out, host_a, host_b)
+    assert_one_line_stop(host_b, killed_at, f"the rendezvous host {HOSTS[0][0]}:")

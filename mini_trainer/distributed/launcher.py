@@ -109,6 +109,27 @@ def exit_status(reports: list[dict], failures: dict[int, int]) -> tuple[int, lis
     return 0, []
 
 
+CPP_LOG_LEVEL_ENV = "TORCH_CPP_LOG_LEVEL"
+
+
+def import_torch_quietly() -> None:
+    """Import torch in the launcher with c10's C++ warnings off (errors still print), the
+    workers' environment left as the user's.
+
+    When the host serving the rendezvous store dies, the agent's store client logs each failed
+    socket call as a C++ warning with a 50-frame stack before the one-line outcome; the
+    launcher's other C++ warnings (no reverse DNS for a peer) are as idle. c10 reads the level
+    once, when torch loads, so it is set just for that import and removed before any worker
+    starts. No effect where torch is already imported or the user chose a level."""
+    if "torch" in sys.modules or CPP_LOG_LEVEL_ENV in os.environ:
+        return
+    os.environ[CPP_LOG_LEVEL_ENV] = "ERROR"
+    try:
+        import torch  # noqa: F401
+    finally:
+        del os.environ[CPP_LOG_LEVEL_ENV]
+
+
 WORKER_MODULE = "mini_trainer.train"
 """The module each worker runs (`python -m mini_trainer.train FLAGS`)."""
 
@@ -152,13 +173,15 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
         parsed.rdzv_id = str(uuid.uuid4())
     if parsed.master_port is None:
         parsed.master_port = 29500
-    config, command, command_args = config_from_args(parsed)
-    # The agent's own log lines (worker started, signal forwarded, "failed (exitcode: 2)") say
-    # nothing the outcome below does not; its errors still show.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
+    # torchrun's warnings about the flags built here (--node-rank is ignored by c10d) and the
+    # agent's own log lines (worker started, signal forwarded, "failed (exitcode: 2)") say
+    # nothing the outcome below does not; their errors still show.
+    logging.getLogger("torch.distributed.run").setLevel(logging.ERROR)
     for name in [*logging.Logger.manager.loggerDict, "torch.distributed.elastic"]:
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    config, command, command_args = config_from_args(parsed)
     failures: dict[int, int] = {}
     lost: str | None = None
     with tempfile.TemporaryDirectory(prefix="mini-trainer-reports-") as folder:
