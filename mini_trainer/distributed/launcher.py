@@ -125,7 +125,7 @@ def import_torch_quietly() -> None:
         return
     os.environ[CPP_LOG_LEVEL_ENV] = "ERROR"
     try:
-        import torch  # noqa: F401
+        import torch  # noqa: F401  # deferred: the point of this function
     finally:
         del os.environ[CPP_LOG_LEVEL_ENV]
 
