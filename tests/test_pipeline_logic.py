@@ -9,11 +9,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import shlex
+import subprocess
+import sys
 import typing
 
 import pytest
 import yaml
-from helpers import REPO_ROOT
+from helpers import REPO_ROOT, subprocess_env
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
@@ -542,6 +544,13 @@ def test_check_command_names_the_line_of_a_configfile(tmp_path, capsys):
     assert main([str(good)]) == 0 and capsys.readouterr().err == ""
     assert main([str(good), str(bad)]) == 2
     assert capsys.readouterr().err.startswith(f"{bad}:4: YAML syntax error: ")
+    command = subprocess.run(
+        [sys.executable, "-m", "mini_trainer.pipeline", str(bad)],
+        capture_output=True, text=True, timeout=60, cwd=REPO_ROOT, env=subprocess_env(),
+    )  # fmt: skip
+    assert command.returncode == 2
+    want = f"{bad}:4: YAML syntax error: expected <block end>, but found '<block sequence start>'"
+    assert command.stderr.splitlines() == [f"{want} (column 2)"]
 
 
 # ---------------------------------------------------------------------------------------------

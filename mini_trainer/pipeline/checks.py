@@ -190,7 +190,7 @@ def check_method_options(config: Config, method: str, lr: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m mini_trainer.pipeline.checks FILE...`: each file's YAML syntax, FILE:LINE."""
+    """`python -m mini_trainer.pipeline FILE...`: each file's YAML syntax, FILE:LINE."""
     status = 0
     for path in sys.argv[1:] if argv is None else argv:
         try:
@@ -199,7 +199,3 @@ def main(argv: list[str] | None = None) -> int:
             print(error, file=sys.stderr)
             status = 2
     return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
