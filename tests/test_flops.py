@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_osft import osft_args
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from mini_trainer.osft.linear import OSFTLinear
+from mini_trainer.osft.method import OSFT
 from mini_trainer.training.flops import ModelFlops, peak_flops
 
 
@@ -47,3 +50,19 @@ def test_metrics_and_peaks(monkeypatch):
         num_attention_heads=2)), "anything")  # fmt: skip
     assert on_gpu.peak == pytest.approx(84.0)
     assert ModelFlops(10, 1, 2, 84.0).step_metrics(4, 8, 2.0, 2)["mfu"] == pytest.approx(1.0)
+
+
+def test_osft_counts_the_dense_model_flops_it_stands_for(tmp_path):
+    """OSFT stores each target as W_high, low factors and bases (about 3x the weight's
+    elements with its bases): MFU still counts the dense model's FLOPs, as for SFT."""
+    config = LlamaConfig(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        dense, adapted = LlamaForCausalLM(config), LlamaForCausalLM(config)
+    OSFT(osft_args(tmp_path)).adapt_model(adapted)
+    assert any(isinstance(module, OSFTLinear) for module in adapted.modules())
+    stored = sum(p.numel() for p in adapted.parameters() if p.dim() >= 2)
+    assert stored > 1.5 * sum(p.numel() for p in dense.parameters() if p.dim() >= 2)
+    assert ModelFlops.of(adapted, None) == ModelFlops.of(dense, None)

@@ -67,6 +67,12 @@ class OSFTLinear(nn.Module):
             nn.Parameter(torch.empty(out_features, device=device, dtype=dtype)) if (bias) else None
         )
 
+    @property
+    def dense_weight_numel(self) -> int:
+        """The dense weight this layer stands for, as model FLOPs count it (`training/flops.py`):
+        W_high, the low factors and the bases are how it is stored, not what a token costs."""
+        return self.in_features * self.out_features
+
     def forward(self, x: Tensor) -> Tensor:
         return _FactorizedLinear.apply(
             x, self.W_high, self.U_low, self.S_low, self.V_low, self.bias

@@ -3,7 +3,9 @@
 FLOPs of one training step (forward + backward = 3 forwards), counting matmuls only:
 - `6 * N * tokens`, N = the parameters that take part in a matmul: the weight matrices but the
   input embedding (a lookup); a tied LM head counts once, as the output projection (norm gains
-  and biases are elementwise, not counted);
+  and biases are elementwise, not counted). A layer stored otherwise than as its dense weight
+  (OSFT's factorized linear: W_high, low factors, bases) says what it stands for
+  (`dense_weight_numel`), so MFU counts the same model FLOPs for every method;
 - causal attention, per layer and per sample of s tokens: QK^T and AV over the s^2/2 visible
   pairs, 2 * s^2 * d forward (d = heads x head_dim), so `6 * layers * d * sum(s^2)` per step.
   Packed samples attend only to themselves, so it is the sum over samples, not over rows.
@@ -62,6 +64,25 @@ def peak_flops(device_name: str | None) -> float | None:
     return None
 
 
+def matmul_params(model: nn.Module) -> int:
+    """Elements of the weight matrices (not norms, biases), each shared one once; a module with
+    `dense_weight_numel` counts that instead of its own parameters."""
+    seen: set[int] = set()
+    total = 0
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        dense = getattr(module, "dense_weight_numel", None)
+        if dense is not None:
+            total += dense
+            seen.update(map(id, own))
+            continue
+        for parameter in own:
+            if parameter.dim() >= 2 and id(parameter) not in seen:
+                seen.add(id(parameter))
+                total += parameter.numel()
+    return total
+
+
 @dataclass(frozen=True)
 class ModelFlops:
     """What a step's FLOPs depend on, read once from the model."""
@@ -76,7 +97,7 @@ class ModelFlops:
     def of(cls, model: nn.Module, device_name: str | None) -> ModelFlops:
         """From a Hugging Face causal LM (sharded or not: DTensor numel is the global one)."""
         config = model.config
-        total = sum(p.numel() for p in model.parameters() if p.dim() >= 2)  # not norms, biases
+        total = matmul_params(model)
         embedding = model.get_input_embeddings().weight
         tied = embedding is model.get_output_embeddings().weight
         heads = config.num_attention_heads
