@@ -40,6 +40,10 @@ def test_metrics_and_peaks(monkeypatch):
     assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12
     assert peak_flops("NVIDIA L40S") == 362e12 and peak_flops("NVIDIA L4") == 121e12
     assert peak_flops("Some Future GPU") is None and peak_flops(None) is None
+    # Whole words, any case: a name that merely contains another is not it.
+    assert peak_flops("NVIDIA L40") is None and peak_flops("NVIDIA A10G") is None
+    assert peak_flops("h100") == 989e12 and peak_flops("NVIDIA GH200 480GB") == 989e12
+    assert peak_flops("NVIDIA H100 NVL") == 835e12 and peak_flops("NVIDIA A10") == 125e12
     flops = ModelFlops(matmul_params=10, layers=1, attention_dim=2, peak=None)
     row = flops.step_metrics(num_tokens=4, sum_squared_lengths=8, seconds=2.0, devices=2)
     assert row == {"tokens_per_second_per_device": 1.0, "tflops_per_device": 336 / 4 / 1e12,

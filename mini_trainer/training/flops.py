@@ -13,9 +13,11 @@ Activation-checkpointing recomputation is not counted (the usual MFU convention)
 
 MFU = step FLOPs / (step time x ranks x the device's peak dense bf16 FLOP/s), on CUDA only
 (null on the CPU). Peaks, from the vendors' datasheets (dense, no sparsity), matched against
-`torch.cuda.get_device_name()` in this order; `MINI_TRAINER_PEAK_TFLOPS` overrides:
+`torch.cuda.get_device_name()` (or `--gpu`, `launch.gpu`) in this order, by whole words of the
+name, any case ("NVIDIA A100-SXM4-80GB" is an A100, "L40" is not an L4);
+`MINI_TRAINER_PEAK_TFLOPS` overrides:
 
-| device name contains | peak bf16 dense TFLOP/s |
+| device name has the words | peak bf16 dense TFLOP/s |
 | --- | ---: |
 | H100 PCIe | 756 |
 | H100 NVL | 835 |
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 
 from torch import nn
@@ -42,13 +45,19 @@ PEAK_BF16_TFLOPS = (
     ("H100 NVL", 835.0),
     ("H100", 989.0),
     ("H200", 989.0),
+    ("GH200", 989.0),
     ("B200", 2250.0),
     ("A100", 312.0),
     ("L40S", 362.0),
     ("L4", 121.0),
     ("A10", 125.0),
 )
-"""(substring of the device name, dense bf16 TFLOP/s): first match wins."""
+"""(words of the device name, dense bf16 TFLOP/s): the first whose words are all in the name
+wins."""
+
+
+def _words(name: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", name.lower()))
 
 
 def peak_flops(device_name: str | None) -> float | None:
@@ -58,8 +67,9 @@ def peak_flops(device_name: str | None) -> float | None:
         return float(override) * 1e12
     if device_name is None:
         return None
+    words = _words(device_name)
     for key, tflops in PEAK_BF16_TFLOPS:
-        if key in device_name:
+        if _words(key) <= words:
             return tflops * 1e12
     return None
 
