@@ -1,8 +1,8 @@
 """The demo pipeline through `snakemake --profile profiles/slurm` on the one-machine cluster.
 
 Every rule but the Snakefile's localrules becomes a Slurm job; the accuracy matrix (every eval
-JSON the manifest lists) must equal a local `snakemake --cores 2` run's, cell for cell. Skipped
-until the pipeline (Snakefile, workflow/) is on this branch.
+JSON the manifest lists) must equal a local `snakemake --cores 2` run's, cell for cell, in
+tokens evaluated and, within `MKL_SLACK_TOKENS`, tokens predicted.
 """
 
 from __future__ import annotations
@@ -73,16 +73,25 @@ def run(command: list[str], cwd: Path, env: dict[str, str], timeout: int) -> str
     return output
 
 
-def accuracy_matrix(folder: Path) -> dict[tuple, float]:
-    """(method, lr, stage, task) -> token_accuracy for every eval entry of the manifest."""
+def correct_tokens(folder: Path) -> dict[tuple, tuple[int, int]]:
+    """(method, lr, stage, task) -> (correctly predicted tokens, tokens) for every eval entry of
+    the manifest: its accuracy matrix, in tokens."""
     manifest = json.loads((folder / "results" / "manifest.json").read_text())
-    return {
-        (e["method"], e["lr"], e["stage"], e["task"]): json.loads((folder / e["path"]).read_text())[
-            "token_accuracy"
-        ]
-        for e in manifest["entries"]
-        if e["kind"] == "eval"
-    }
+    matrix = {}
+    for entry in manifest["entries"]:
+        if entry["kind"] == "eval":
+            result = json.loads((folder / entry["path"]).read_text())
+            tokens = result["num_loss_tokens"]
+            key = (entry["method"], entry["lr"], entry["stage"], entry["task"])
+            matrix[key] = (round(result["token_accuracy"] * tokens), tokens)
+    return matrix
+
+
+MKL_SLACK_TOKENS = 3
+"""Predictions that may differ between two runs of the same job: MKL picks its kernels by memory
+alignment (conditional numerical reproducibility off by default), so two processes can differ in
+the last float32 bits of a step (seen once in 14 demo trainings, 2026-12-06), which can flip a
+near-tied argmax. A wrong run (another model, other data or options) differs by far more."""
 
 
 def test_pipeline_through_slurm_matches_a_local_run(slurm_cluster, tmp_path):
@@ -115,6 +124,9 @@ def test_pipeline_through_slurm_matches_a_local_run(slurm_cluster, tmp_path):
     assert "manifest" in local_jobs and "manifest" not in remote_jobs
 
     assert (remote / "results" / "report" / "report.html").exists()
-    got, want = accuracy_matrix(remote), accuracy_matrix(local)
+    got, want = correct_tokens(remote), correct_tokens(local)
     assert len(want) == 3 * len(CONFIG["stages"])  # base + 2 stages, on each task
-    assert got == want
+    assert got.keys() == want.keys()
+    for key, (correct, tokens) in want.items():
+        assert got[key][1] == tokens, key
+        assert abs(got[key][0] - correct) <= MKL_SLACK_TOKENS, (key, got[key], want[key])
