@@ -242,6 +242,20 @@ def test_refuses_to_overwrite_the_data(demo_model, tmp_path):
     assert data.read_text() == GOOD + "\n"
 
 
+def test_the_token_cap_is_required(demo_model, tmp_path):
+    """Not a TypeError mid-scan: click asks for the option (it did not under click 8.5 while
+    the option was declared with an explicit `default=None`)."""
+    data = tmp_path / "data.jsonl"
+    _write(data, [GOOD])
+    result = run_cli(
+        "validate", data, "--model", demo_model,
+        "--out-index", tmp_path / "i.parquet", "--out-summary", tmp_path / "s.json",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "Missing option '--max-tokens-per-gpu'" in result.stderr, result.stderr
+    assert not (tmp_path / "i.parquet").exists() and not (tmp_path / "s.json").exists()
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 100, 10**9])
 def test_split_ranges_cut_at_line_starts(tmp_path, chunk_bytes):
     from mini_trainer.data.scan import split_ranges

@@ -70,11 +70,13 @@ def on_long_option(help: str):
 def max_tokens_option(help: str, default: int | None = None):
     """`--max-tokens-per-gpu`: tokens per packed micro-batch per process (required when no
     default is given)."""
+    # No `default=None` for the required form: click 8.3+ takes an explicit None as a default
+    # given, and no longer asks for the option (validate then crashed on the missing cap).
+    given_default = {} if default is None else {"default": default, "show_default": True}
     return click.option(
         "--max-tokens-per-gpu",
         required=default is None,
         type=click.IntRange(min=1),
-        default=default,
-        show_default=default is not None,
         help=help,
+        **given_default,
     )
