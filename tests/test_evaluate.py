@@ -180,6 +180,13 @@ def test_several_files_are_all_checked_before_any_is_written(demo_dir, eval_set,
                    "--data", path, "--out", outs[0])  # fmt: skip
     assert same.returncode == 2 and "are the same file" in same.stderr
     assert not any(out.exists() for out in outs)
+    # Samples over the cap: the remedy evaluate has (validate's --on-long drop is not one).
+    capped = run_cli("evaluate", "--model", model, "--data", path, "--out", outs[0],
+                     "--max-tokens-per-gpu", 8)  # fmt: skip
+    assert capped.returncode == 2 and f"{path}:1: input_ids: " in capped.stderr
+    last = capped.stderr.splitlines()[-1]
+    assert "raise --max-tokens-per-gpu" in last and "--on-long" not in capped.stderr, last
+    assert not outs[0].exists()
 
 
 @pytest.mark.slow

@@ -57,12 +57,20 @@ def check_inputs(model_path: Path, data_paths: list[Path]) -> None:
     check_weight_files(model_path)
 
 
+EVAL_LONG_HINT = (
+    "samples longer than --max-tokens-per-gpu: {count}; raise --max-tokens-per-gpu to at least "
+    "the longest (an evaluation scores every sample: none is left out)"
+)
+"""The remedy for over-long samples here: validate's (--on-long drop) is no option of evaluate."""
+
+
 def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtime: Runtime):
     """Rank 0 validates the file exactly as `mini-trainer validate` does; every rank gets it."""
     vocab_size = read_vocab_size(model_path)
 
     def index_on_main():
-        return build_index(data_path, vocab_size, max_tokens, outcome=None)[0]
+        return build_index(data_path, vocab_size, max_tokens, long_hint=EVAL_LONG_HINT,
+                           outcome=None)[0]  # fmt: skip
 
     return IndexedJsonlDataset(data_path, decided_on_main(index_on_main, runtime), vocab_size)
 
