@@ -433,9 +433,17 @@ def _field_types() -> dict[str, type]:
     return {f.name: _base_type(hints[f.name]) for f in dataclasses.fields(TrainingArgs)}
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is one line (a UserError) instead of the 40-line usage, and
+    the same line whichever command parsed it (train, launch, plan, run_training)."""
+
+    def error(self, message: str):
+        raise UserError(f"{message} (see mini-trainer train --help)")
+
+
 def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.ArgumentParser:
     """The argparse parser of the training job, generated from `TrainingArgs`."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=prog,
         description="Full fine-tuning job, one process per GPU (or per CPU slot with gloo). "
         "`mini-trainer train --nproc-per-node N FLAGS` starts the N processes itself (also "
@@ -491,7 +499,7 @@ def _join_negative_numbers(argv: list[str]) -> list[str]:
 
 
 def parse_training_args(argv: list[str] | None = None) -> TrainingArgs:
-    """Parse flags into a validated `TrainingArgs` (argparse exits 2 on unknown flags)."""
+    """Parse flags into a validated `TrainingArgs`; a bad flag is a `UserError` (one line)."""
     argv = _join_negative_numbers(list(sys.argv[1:] if argv is None else argv))
     namespace = build_parser().parse_args(argv)
     return TrainingArgs(**vars(namespace))

@@ -48,6 +48,10 @@ def good_flags(demo_dir, tmp_path):
          "--batch-size: 1 is smaller than the number of ranks (2)"),
         (["--training-mode", "step"], {}, "--max-steps: required with --training-mode step"),
         (["--max-tokens-per-gpu", "0"], {}, "--max-tokens-per-gpu: must be at least 1, got 0"),
+        # argparse's own errors: one line too, not its 40-line usage.
+        (["--training-method", "osft"], {}, "unrecognized arguments: --training-method osft"),
+        (["--batch-size", "abc"], {}, "argument --batch-size: invalid int value: 'abc'"),
+        (["--lr-scheduler"], {}, "argument --lr-scheduler: expected one argument"),
     ],
 )  # fmt: skip
 def test_bad_arguments_give_one_clear_line(good_flags, extra, env, expected, capsys, monkeypatch):
