@@ -198,6 +198,21 @@ def test_hub_errors_are_one_line_each(fake_hub, model, revision, expected, tmp_p
     assert result.stderr.count("\n") == 1 and not (tmp_path / "m.json").exists()
 
 
+def test_a_local_folder_without_config_is_no_model(tmp_path):
+    """Refused where it is resolved (every command's --model), not left to the first reader:
+    resolve-model used to record such a folder, and osft-svd to fail inside transformers."""
+    folder = tmp_path / "weights-only"
+    folder.mkdir()
+    for command in (["resolve-model", "--out", tmp_path / "m.json"],
+                    ["osft-svd", "--out", tmp_path / "svd"]):  # fmt: skip
+        result = run_cli(command[0], "--model", folder, *command[1:])
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            f"error: {folder}: --model: no config.json (expected a Hugging Face model folder)"
+        ]
+    assert not (tmp_path / "m.json").exists() and not (tmp_path / "svd").exists()
+
+
 # ------------------------------------------------------------------ commands, end to end
 
 

@@ -92,10 +92,22 @@ def launch(
     "plan",
     context_settings={"ignore_unknown_options": True},
 )
-@click.option("--model", required=True, help="Model folder; only its config.json is read.")
-@click.option("--model-revision", default=None, help="Revision of a Hub id (see issue 20).")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--gpus-per-node", type=click.IntRange(min=1), required=True)
+@click.option(
+    "--model", required=True, metavar="FOLDER|ORG/NAME",
+    help="Model folder, or Hugging Face Hub id ORG/NAME (no weights are fetched); only its "
+    "config.json is read.",
+)  # fmt: skip
+@click.option(
+    "--model-revision", default=None, metavar="REV",
+    help="Hub id only: branch, tag or commit [default: main].",
+)  # fmt: skip
+@click.option(
+    "--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes in the job."
+)
+@click.option(
+    "--gpus-per-node", type=click.IntRange(min=1), required=True,
+    help="GPUs per node (processes per node with --device cpu).",
+)  # fmt: skip
 @click.option(
     "--gpu-memory-gib",
     type=click.FloatRange(min=0, min_open=True),

@@ -111,6 +111,10 @@ def resolve_model(
     """
     text = str(name)
     if Path(text).is_dir():
+        if not (Path(text) / "config.json").is_file():
+            raise UserError(
+                f"{text}: {flag}: no config.json (expected a Hugging Face model folder)"
+            )
         return ResolvedModel(Path(text), None)
     if problem := not_a_model(text, flag):
         raise UserError(problem)
