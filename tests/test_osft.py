@@ -360,6 +360,19 @@ def test_cache_refusals_name_the_file(tmp_path, saved_model):
         _open(tmp_path, cache)
 
 
+def test_a_config_that_does_not_fit_its_weights_is_refused_before_any_svd(tmp_path, saved_model):
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    config["intermediate_size"] = 56  # the weights are 48 wide
+    (tmp_path / "model" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError) as error:
+        build_cache(tmp_path / "model", tmp_path / "cache", None, force=False)
+    assert error.value.lines == [
+        f"{tmp_path / 'model' / 'model.safetensors'}: model.layers.0.mlp.gate_proj.weight: "
+        "shape [48, 32], but the model expects [56, 32]"
+    ]
+    assert not (tmp_path / "cache").exists()
+
+
 def test_cache_with_patterns_holds_only_those_targets(tmp_path, saved_model):
     meta = build_cache(tmp_path / "model", tmp_path / "cache", ["q_proj", "v_proj"], False)
     assert sorted(meta["targets"]) == sorted(

@@ -51,7 +51,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
         raise UserError(f"{out}: already exists (pass --force to replace it)")
     check_writable(out.parent, "--out")
     targets = model_targets(model_dir, patterns)
-    cache.weight_files(model_dir)  # refuses a folder without safetensors before any work
+    cache.check_target_weights(model_dir, targets)  # headers only, before any work
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
     runtime = init_runtime() if distributed else None
     rank, world = (runtime.rank, runtime.world_size) if runtime else (0, 1)

@@ -39,17 +39,26 @@ META = "meta.json"
 # ---------------------------------------------------------------------------- source weights
 
 
-def weight_files(model_dir: Path) -> dict[str, Path]:
-    """Weight name -> the safetensors file of `model_dir` that holds it (headers checked)."""
-    return {name: entry.file for name, entry in checkpoint_tensors(model_dir).items()}
-
-
 def _entries(model_dir: Path, names: list[str]) -> dict[str, TensorEntry]:
     entries = checkpoint_tensors(model_dir)
     missing = [name for name in names if name not in entries]
     if missing:
         raise UserError(f"{model_dir}: weight {missing[0]} not found in the safetensors files")
     return entries
+
+
+def check_target_weights(model_dir: Path, targets: dict[str, tuple[int, int]]) -> None:
+    """Every target's weight is in the safetensors files with the shape the config gives it
+    (headers only): a config that does not fit its weights is refused before any SVD, in the
+    words the model loader uses for the same problem."""
+    entries = _entries(model_dir, [f"{module}.weight" for module in targets])
+    for module, shape in targets.items():
+        entry = entries[f"{module}.weight"]
+        if tuple(entry.shape) != tuple(shape):
+            raise UserError(
+                f"{entry.file}: {module}.weight: shape {list(entry.shape)}, but the model "
+                f"expects {list(shape)}"
+            )
 
 
 def read_weights(model_dir: Path, names: list[str]) -> dict[str, Tensor]:
