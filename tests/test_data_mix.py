@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 from helpers import run_cli
 
-from mini_trainer.data.mix import REPLAY, WEIGHT, MixInput, plan_mix, sample_counts, write_mix
+from mini_trainer.data.mix import (
+    REPLAY,
+    WEIGHT,
+    MixInput,
+    plan_mix,
+    sample_counts,
+    sidecar_beside,
+    write_mix,
+)
 from mini_trainer.errors import UserError
 
 
@@ -196,3 +204,58 @@ def test_cli_refuses_to_overwrite_without_force(files, tmp_path):
     assert result.returncode == 2 and "already exists" in result.stderr
     assert out.read_text() == "mine\n"
     assert run_cli(*args, "--force").returncode == 0 and len(_read(out)) == 60
+
+
+# ---------------------------------------------------------------------------------------------
+# validate on a mixture names the source line of each problem (the file to fix).
+
+
+def _samples(path: Path, count: int, bad: dict[int, int] | None = None) -> Path:
+    """`count` valid samples; line k in `bad` carries token id `bad[k]` instead."""
+    lines = []
+    for k in range(1, count + 1):
+        ids = [5, 6, (bad or {}).get(k, 7)]
+        lines.append(json.dumps({"input_ids": ids, "labels": [-100, *ids[1:]]}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def bad_mixture(tmp_path):
+    """A mixture NAME.jsonl with NAME.mix.json beside it; one input line has an id of 9999."""
+    task = _samples(tmp_path / "task.jsonl", 30)
+    general = _samples(tmp_path / "general.jsonl", 40, bad={17: 9999})
+    inputs = [MixInput(task, WEIGHT, 3.0), MixInput(general, WEIGHT, 4.0)]  # all 40 of general
+    out = tmp_path / "stage.jsonl"
+    record = write_mix(inputs, out, sidecar_beside(out), seed=3)
+    bad_line = record["lines"].index([1, 17]) + 1
+    return out, general, bad_line
+
+
+def test_validate_names_the_input_line_behind_a_bad_mixture_line(bad_mixture):
+    from mini_trainer.data.validate import build_index
+
+    out, general, bad_line = bad_mixture
+    assert sidecar_beside(out) == out.with_name("stage.mix.json")
+    with pytest.raises(UserError) as caught:
+        build_index(out, 100, 64, progress=False, workers=1)
+    first = caught.value.lines[0]
+    assert first.startswith(f"{out}:{bad_line}: input_ids[2]: token id 9999 is outside"), first
+    assert first.endswith(f" (from {general}:17)"), first
+
+
+@pytest.mark.parametrize("stale", ["one more line", "no sidecar", "not json"])
+def test_a_stale_or_missing_sidecar_names_no_source(bad_mixture, stale):
+    from mini_trainer.data.validate import build_index
+
+    out, _, bad_line = bad_mixture
+    if stale == "one more line":
+        out.write_text(out.read_text() + out.read_text().splitlines()[0] + "\n")
+    elif stale == "no sidecar":
+        sidecar_beside(out).unlink()
+    else:
+        sidecar_beside(out).write_text("{")
+    with pytest.raises(UserError) as caught:
+        build_index(out, 100, 64, progress=False, workers=1)
+    first = caught.value.lines[0]
+    assert first.startswith(f"{out}:{bad_line}: input_ids[2]: ") and "(from" not in first, first

@@ -19,7 +19,8 @@ Definitions (docs/data.md says the same for users):
   smaller count chose. The output order is one seeded permutation of all chosen samples.
 
 Lines are copied byte for byte and not parsed (validate checks them afterwards). A sidecar JSON
-records which (input, line) each output line is.
+records which (input, line) each output line is; validate reads it back (`line_sources`) to name
+the source line of each problem it finds in a mixture.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import contextlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +42,9 @@ from mini_trainer.io_utils import atomic_path
 
 WEIGHT = "weight"
 REPLAY = "replay"
+SIDECAR_SUFFIX = ".mix.json"
+"""A mixture NAME.jsonl's sidecar is NAME.mix.json beside it (the pipeline's layout, and the
+one docs/data.md shows), which is where `line_sources` looks for it."""
 
 
 @dataclass(frozen=True)
@@ -183,3 +188,34 @@ def write_mix(
     with atomic_path(sidecar) as tmp:
         tmp.write_text(json.dumps(record, separators=(",", ":")) + "\n")
     return record
+
+
+def sidecar_beside(data_path: str | os.PathLike) -> Path:
+    """NAME.mix.json for NAME.jsonl (NAME.EXT.mix.json for another extension)."""
+    path = Path(data_path)
+    return path.with_name(path.name.removesuffix(".jsonl") + SIDECAR_SUFFIX)
+
+
+def line_sources(data_path: str | os.PathLike, lines: int) -> Callable[[int], str] | None:
+    """`line -> "SOURCE:LINE"` for a mixture of `lines` lines whose sidecar sits beside it.
+
+    For error messages only: a problem in a mixture is a problem in one of its inputs, which is
+    the file to fix. None when there is no sidecar, it cannot be read, or it describes a file
+    of another length (a stale sidecar, or a file that only looks like a mixture)."""
+    try:
+        record = json.loads(sidecar_beside(data_path).read_text())
+        paths = [item["path"] for item in record["inputs"]]
+        origin = record["lines"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(origin, list) or len(origin) != lines:
+        return None
+
+    def source(line: int) -> str:
+        try:
+            position, source_line = origin[line - 1]
+            return f"{paths[position]}:{source_line}"
+        except (IndexError, TypeError, ValueError):
+            return "an unknown line (the sidecar does not say)"
+
+    return source

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from mini_trainer.data.index_file import INDEX_COLUMNS, fingerprint, write_index
+from mini_trainer.data.mix import line_sources
 from mini_trainer.data.problems import ProblemLog
 from mini_trainer.data.scan import scan_file
 from mini_trainer.errors import UserError
@@ -89,8 +90,9 @@ def build_index(
         raise ValueError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
     scan = scan_file(data_path, vocab_size, max_tokens, on_long, workers, progress)
     log = ProblemLog(str(data_path))
+    source = line_sources(data_path, scan.lines) if scan.problems else None
     for number, field, reason in scan.problems:
-        log.add(number, field, reason)
+        log.add(number, field, f"{reason} (from {source(number)})" if source else reason)
     log.count += scan.problem_count - len(scan.problems)  # found but not kept for printing
     dropped, total_lines = scan.dropped, scan.lines
     data_fingerprint = fingerprint(data_path)
