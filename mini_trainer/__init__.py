@@ -15,9 +15,14 @@ def __getattr__(name: str):
         from mini_trainer import api_train
 
         return getattr(api_train, name)
-    if name in ("TrainingArgs", "TorchrunArgs"):
+    if name == "TrainingArgs":
         # deferred: as above
-        from mini_trainer import training_args
+        from mini_trainer.training_args import TrainingArgs
 
-        return getattr(training_args, name)
+        return TrainingArgs
+    if name == "TorchrunArgs":
+        # deferred: as above
+        from mini_trainer.launch_args import TorchrunArgs
+
+        return TorchrunArgs
     raise AttributeError(f"module 'mini_trainer' has no attribute {name!r}")

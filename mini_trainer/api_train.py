@@ -13,7 +13,8 @@ import collections
 import subprocess
 import sys
 
-from mini_trainer.training_args import TorchrunArgs, TrainingArgs, to_cli_args
+from mini_trainer.launch_args import TorchrunArgs
+from mini_trainer.training_args import TrainingArgs, to_cli_args
 
 TAIL_LINES = 40
 

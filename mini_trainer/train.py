@@ -23,9 +23,10 @@ from mini_trainer.data.outputs import check_writable
 from mini_trainer.distributed.launcher import import_torch_quietly, supervise, write_report
 from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
 from mini_trainer.errors import UserError
+from mini_trainer.launch_args import TorchrunArgs
 from mini_trainer.log_setup import setup_logging
 from mini_trainer.models.hub import not_a_model, resolve_model, resolve_once_per_node
-from mini_trainer.training_args import TorchrunArgs, TrainingArgs, parse_training_args
+from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 log = logging.getLogger("mini_trainer")
 

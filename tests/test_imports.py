@@ -174,7 +174,11 @@ def test_the_options_the_launchers_and_the_report_reach_nothing_in_training():
     """Reading the training flags (Slurm launcher, pipeline checks) and building the report
     import no module of the training package, not even through another module."""
     graph = import_graph()
-    starts = ["mini_trainer.training_args", "mini_trainer.validation_options"]
+    starts = [
+        "mini_trainer.training_args",
+        "mini_trainer.launch_args",
+        "mini_trainer.validation_options",
+    ]
     starts += [
         m for m in graph if m.startswith(("mini_trainer.distributed.", "mini_trainer.report."))
     ]

@@ -24,7 +24,7 @@ from helpers import (
 
 from mini_trainer.distributed.launcher import exit_status
 from mini_trainer.errors import UserError
-from mini_trainer.training_args import TorchrunArgs, split_launcher_args
+from mini_trainer.launch_args import TorchrunArgs, split_launcher_args
 
 
 def test_launcher_flags_are_split_from_the_worker_flags():

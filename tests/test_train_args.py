@@ -11,13 +11,12 @@ import pytest
 from helpers import REPO_ROOT, subprocess_env
 
 from mini_trainer.api_train import TrainingFailed, build_command, run_training
+from mini_trainer.launch_args import TorchrunArgs, split_launcher_args
 from mini_trainer.training_args import (
     SCHEDULERS,
-    TorchrunArgs,
     TrainingArgs,
     _base_type,
     parse_training_args,
-    split_launcher_args,
     to_cli_args,
 )
 

@@ -12,11 +12,12 @@ import click
 from mini_trainer.cli.group import cli
 from mini_trainer.distributed.slurm import plan_launch, with_allocation
 from mini_trainer.errors import UserError
+from mini_trainer.launch_args import split_launcher_args
 from mini_trainer.plan.inputs import Cluster, make_plan
 from mini_trainer.plan.render import table
 from mini_trainer.train import launch as launch_training
 from mini_trainer.train import main as train_main
-from mini_trainer.training_args import parse_training_args, split_launcher_args
+from mini_trainer.training_args import parse_training_args
 
 
 @cli.command(

@@ -34,7 +34,7 @@ from mini_trainer.distributed.lifetime import lost_rendezvous
 from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
-    from mini_trainer.training_args import TorchrunArgs
+    from mini_trainer.launch_args import TorchrunArgs
 
 from mini_trainer.io_utils import atomic_write_text
 

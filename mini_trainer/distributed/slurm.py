@@ -32,7 +32,7 @@ from typing import Literal
 
 from mini_trainer.distributed.launcher import torchrun_command
 from mini_trainer.errors import UserError
-from mini_trainer.training_args import TorchrunArgs
+from mini_trainer.launch_args import TorchrunArgs
 
 PORT_BASE = 15000
 PORT_SPAN = 17000
