@@ -4,25 +4,23 @@
 names load lazily so that `import mini_trainer` stays cheap.
 """
 
+import importlib
+
 __version__ = "0.1.0"
 
 __all__ = ["TorchrunArgs", "TrainingArgs", "TrainingFailed", "run_training", "__version__"]
 
 
+_LAZY = {
+    "run_training": "api_train",
+    "TrainingFailed": "api_train",
+    "TrainingArgs": "training_args",
+    "TorchrunArgs": "launch_args",
+}
+"""Each public name and the submodule it loads from, on first use."""
+
+
 def __getattr__(name: str):
-    if name in ("run_training", "TrainingFailed"):
-        # deferred: every submodule import runs this file; the API loads on first use
-        from mini_trainer import api_train
-
-        return getattr(api_train, name)
-    if name == "TrainingArgs":
-        # deferred: as above
-        from mini_trainer.training_args import TrainingArgs
-
-        return TrainingArgs
-    if name == "TorchrunArgs":
-        # deferred: as above
-        from mini_trainer.launch_args import TorchrunArgs
-
-        return TorchrunArgs
+    if name in _LAZY:
+        return getattr(importlib.import_module(f"mini_trainer.{_LAZY[name]}"), name)
     raise AttributeError(f"module 'mini_trainer' has no attribute {name!r}")

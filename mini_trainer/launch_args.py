@@ -85,7 +85,7 @@ LAUNCHER_FLAGS = {
 
 def split_launcher_args(argv: list[str]) -> tuple[TorchrunArgs | None, list[str]]:
     """(TorchrunArgs or None when no launcher flag is given, the worker's own flags)."""
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}  # field -> (flag, value)
     rest: list[str] = []
     i = 0
     while i < len(argv):
@@ -98,19 +98,18 @@ def split_launcher_args(argv: list[str]) -> tuple[TorchrunArgs | None, list[str]
                 value = argv[i]
             else:
                 raise UserError(f"{flag}: needs a value")
-            found[LAUNCHER_FLAGS[flag]] = value
+            found[LAUNCHER_FLAGS[flag]] = (flag, value)
         else:
             rest.append(argv[i])
         i += 1
     if not found:
         return None, rest
     values: dict[str, Any] = {}
-    for name, value in found.items():
+    for name, (flag, value) in found.items():
         if name in ("nproc_per_node", "nnodes", "node_rank"):
             try:
                 values[name] = int(value)
             except ValueError:
-                flag = "--" + name.replace("_", "-")
                 raise UserError(f"{flag}: expected an integer, got {value!r}") from None
         else:
             values[name] = value
