@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mini_trainer.errors import UserError
 from mini_trainer.training.loss import (
     chunked_linear_cross_entropy,
     linear_cross_entropy_reference,
@@ -81,14 +80,6 @@ def test_training_loss_and_gradients_match_transformers(kind):
     for name, param in model.named_parameters():
         if name in want:
             torch.testing.assert_close(param.grad, want[name], rtol=1e-5, atol=1e-7, msg=name)
-
-
-def test_attention_soft_capping_is_refused_at_load():
-    import transformers as tf
-
-    config = tf.Gemma2Config(**SMALL, head_dim=8)  # attn_logit_softcapping defaults to 50
-    with pytest.raises(UserError, match="attn_logit_softcapping is not supported"):
-        logit_head(config)
 
 
 @pytest.mark.parametrize("chunk_size", [3, 100])

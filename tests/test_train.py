@@ -248,7 +248,7 @@ def test_data_index_activation_checkpointing_and_wandb_offline(demo_dir, tmp_pat
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
-    assert "attention implementation: mini_trainer_packed_sdpa" in result.stderr
+    assert "attention implementation: mini_trainer_packed" in result.stderr
     assert "activation checkpointing: every decoder layer" in result.stderr
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and any(runs[0].glob("*.wandb")), runs

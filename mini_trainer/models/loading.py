@@ -1,10 +1,13 @@
 """Load a Hugging Face safetensors checkpoint into FSDP2 shards, one tensor at a time.
 
 Rank 0 alone reads the files, one tensor at a time in its stored dtype (read straight into a
-fresh buffer, no memory map that would keep pages of the file resident), casts it to fp32, lets
-the method convert it (`convert_weights` accepts any subset of the state), and broadcasts it;
-every rank copies its own slice into its shard. Rank 0 therefore never holds more than one
-tensor beyond its shard, whatever the model's size: no `from_pretrained` of the whole model.
+fresh buffer, no memory map that would keep pages of the file resident), casts it to fp32,
+converts the checkpoint's layout to the model's where they differ (`layouts.py`: per-expert
+tensors into fused experts, transformers' own tables), lets the method convert it
+(`convert_weights` accepts any subset of the state), and broadcasts it; every rank copies its
+own slice into its shard. Rank 0 therefore never holds more than one model tensor (and its
+checkpoint pieces) beyond its shard, whatever the model's size: no `from_pretrained` of the
+whole model.
 
 Keys must match the model's state-dict keys as Hugging Face saves them (`model.layers.0...`,
 `lm_head.weight`); tied weights are loaded once; non-persistent buffers (rotary frequencies)
@@ -23,6 +26,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
 from mini_trainer.errors import UserError
+from mini_trainer.models.layouts import CheckpointLayout
 from mini_trainer.models.safetensors_file import checkpoint_tensors, read_tensor
 
 log = logging.getLogger("mini_trainer")
@@ -68,7 +72,9 @@ def load_sharded_weights(
     targets, alias = load_targets(module)
     loaded: set[str] = set()
     unknown: list[str] = []
-    stream = _rank0_stream(model_path, convert_weights) if runtime.is_main else None
+    stream = None
+    if runtime.is_main:
+        stream = _rank0_stream(model_path, convert_weights, CheckpointLayout(module.model))
     while True:
         item = next(stream, None) if stream is not None else None
         header = broadcast_object(_header(item), runtime)
@@ -118,23 +124,26 @@ def _first_names(names: list[str], shown: int = 3) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def _rank0_stream(model_path, convert_weights):
-    """Rank 0: (file, [converted tensors], [(name, shape)]), one checkpoint tensor at a time."""
+def _rank0_stream(model_path, convert_weights, layout: CheckpointLayout):
+    """Rank 0: (file, [converted tensors], [(name, shape)]), one model tensor's group of
+    checkpoint tensors at a time (one tensor, or every expert of one fused parameter)."""
     try:
         entries = checkpoint_tensors(model_path)
     except UserError as error:
         yield ("error", " ".join(error.lines))
         return
-    for name, entry in entries.items():
+    for group in layout.groups(list(entries)):
         try:
-            dense = {PREFIX + name: read_tensor(entry).float()}
+            read = {source: read_tensor(entries[source]).float() for source in group.sources}
         except UserError as error:
             yield ("error", " ".join(error.lines))
             return
+        dense = {PREFIX + name: t for name, t in layout.convert(group, read).items()}
+        del read
         converted = convert_weights(dense)
         del dense
         names = [(key, tuple(value.shape)) for key, value in converted.items()]
-        yield (str(entry.file), list(converted.values()), names)
+        yield (str(entries[group.sources[0]].file), list(converted.values()), names)
 
 
 def _header(item):
@@ -156,11 +165,14 @@ def _copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
 
 
 def init_non_persistent_buffers(module: nn.Module, device) -> None:
-    """Recompute buffers that checkpoints do not hold (rotary frequencies), on `device`.
+    """Recompute buffers that checkpoints do not hold, on `device`: rotary frequencies, Gemma's
+    embedding scale, whatever the family's own initializer (`_init_weights`) sets.
 
-    They were built on the meta device, so they hold nothing after `to_empty`. transformers'
-    own initializer recomputes rotary embeddings from the config; any other non-persistent
-    buffer is refused rather than left as uninitialized memory.
+    They were built on the meta device, so they hold nothing after `to_empty`. Each is filled
+    with NaN, then the initializer runs on its owner with the owner's parameters set aside
+    (swapped for meta tensors, on which initialization is a no-op, so loaded weights are never
+    re-initialized); a buffer the initializer did not set is refused rather than left as
+    uninitialized memory.
     """
     hf_models = [m for m in module.modules() if hasattr(m, "_init_weights")]
     init = hf_models[0]._init_weights if hf_models else None
@@ -172,11 +184,23 @@ def init_non_persistent_buffers(module: nn.Module, device) -> None:
         ]
         if not names:
             continue
-        if init is None or "RotaryEmbedding" not in type(owner).__name__:
+        for name in names:
+            buffer = owner._buffers[name]
+            owner._buffers[name] = torch.full(buffer.shape, float("nan"), dtype=buffer.dtype,
+                                              device=device)  # fmt: skip
+        params = owner._parameters
+        owner._parameters = {
+            key: None if value is None else nn.Parameter(torch.empty_like(value, device="meta"))
+            for key, value in params.items()
+        }
+        try:
+            if init is not None:
+                init(owner)
+        finally:
+            owner._parameters = params
+        unset = [name for name in names if not torch.isfinite(owner._buffers[name]).all()]
+        if unset:
             raise UserError(
-                f"{type(owner).__name__} ({owner_name}): non-persistent buffers {names} cannot "
+                f"{type(owner).__name__} ({owner_name}): non-persistent buffers {unset} cannot "
                 "be recomputed (unsupported model)"
             )
-        for name in names:
-            owner._buffers[name] = owner._buffers[name].to(device)
-        init(owner)

@@ -240,11 +240,6 @@ def logit_head(config) -> LogitHead:
         scale *= float(config.logit_scale)
     if getattr(config, "logits_scaling", None) is not None:
         scale /= float(config.logits_scaling)
-    if getattr(config, "attn_logit_softcapping", None) is not None:
-        raise UserError(
-            f"{type(config).__name__}: attn_logit_softcapping is not supported by mini-trainer's "
-            "packed attention (set it to null in config.json only if the model was trained so)"
-        )
     return LogitHead(logit_scale=scale, softcap=getattr(config, "final_logit_softcapping", None))
 
 

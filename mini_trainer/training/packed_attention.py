@@ -6,6 +6,16 @@ This implementation finds each sample's span from the position ids (which restar
 sample) and runs causal `scaled_dot_product_attention` on each span alone: exact, no mask
 tensor, and the cost of the samples themselves. It is the CPU path and the fallback on CUDA
 without flash-attention (whose varlen kernel does the same in one launch).
+
+Every attention feature of the supported families is applied per sample, as the families' own
+eager attention applies it: a sliding window (Mistral, Gemma 2/3, gpt-oss; query i sees keys
+i - window < j <= i), logit soft-capping (Gemma 2: `softcap * tanh(scores / softcap)` before
+the mask) and attention sinks (gpt-oss: one learned logit per head that joins every softmax's
+denominator and is then dropped). sdpa has no soft-cap or sink, so a layer that has either
+runs the explicit formula (`explicit_attention`); every other layer stays on sdpa.
+
+The name carries no "sdpa": transformers refuses any implementation whose name contains it for
+families that declare no sdpa support (Gemma 2, gpt-oss), whatever the function does.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flash_attention_mask
 
-NAME = "mini_trainer_packed_sdpa"
+NAME = "mini_trainer_packed"
 
 
 def segment_bounds(position_ids: torch.Tensor) -> list[int]:
@@ -40,8 +50,17 @@ def packed_sdpa_attention(
     position_ids = kwargs.get("position_ids")
     gqa = query.shape[1] != key.shape[1]
     dropout_p = dropout if module.training else 0.0
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")  # Gemma 2; gpt-oss
     if attention_mask is not None or position_ids is None:  # padded or plain input
         mask = _causal_padding_mask(attention_mask, query.shape[2], key.shape[2], query.device)
+        if softcap is not None or sinks is not None or kwargs.get("sliding_window") is not None:
+            allowed = _window_mask(query.shape[2], kwargs.get("sliding_window"), query.device,
+                                   always=True)  # fmt: skip
+            allowed = allowed if mask is None else mask & allowed
+            output = explicit_attention(
+                query, key, value, allowed, scaling, softcap, sinks, dropout_p
+            )
+            return output.transpose(1, 2).contiguous(), None
         output = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout_p,
             is_causal=mask is None, scale=scaling, enable_gqa=gqa,
@@ -63,6 +82,10 @@ def packed_sdpa_attention(
                            strict=True):  # fmt: skip
             # Causal, and within the window if the sample is longer than it (as transformers'
             # mask: query i sees keys j with i - window < j <= i).
+            if softcap is not None or sinks is not None:
+                band = _window_mask(q.shape[2], window, query.device, always=True)
+                pieces.append(explicit_attention(q, k, v, band, scaling, softcap, sinks, dropout_p))
+                continue
             band = _window_mask(q.shape[2], window, query.device)
             pieces.append(
                 F.scaled_dot_product_attention(
@@ -81,12 +104,54 @@ def packed_sdpa_attention(
     return output.transpose(1, 2).contiguous(), None
 
 
-def _window_mask(length: int, window: int | None, device) -> torch.Tensor | None:
-    """(length, length) causal sliding-window mask, or None when the window covers the sample."""
-    if window is None or length <= window:
+def explicit_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    allowed: torch.Tensor,
+    scaling: float | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Attention of one sample written out, for what sdpa lacks: soft-capped scores and sinks.
+
+    q (B, H, L, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv); `allowed` boolean, broadcastable to
+    (B, H, L, L) (causal, the window, padding). The order is the families' own: scale, soft-cap, mask, then a softmax whose
+    denominator also holds each head's sink logit (subtracting the row maximum first, as
+    gpt-oss does, so large sinks do not overflow).
+    """
+    groups = q.shape[1] // k.shape[1]
+    if groups > 1:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    scale = q.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    else:
+        sink = sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[2], 1).to(scores.dtype)
+        combined = torch.cat([scores, sink], dim=-1)
+        combined = combined - combined.max(dim=-1, keepdim=True).values
+        probs = torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1].to(q.dtype)
+    if dropout_p > 0:
+        probs = F.dropout(probs, p=dropout_p)
+    return torch.matmul(probs, v)
+
+
+def _window_mask(
+    length: int, window: int | None, device, always: bool = False
+) -> torch.Tensor | None:
+    """(length, length) causal sliding-window mask; None when the window covers the sample
+    (plain causal, which sdpa's `is_causal` gives), unless `always`."""
+    if (window is None or length <= window) and not always:
         return None
     positions = torch.arange(length, device=device)
     offset = positions[:, None] - positions[None, :]
+    if window is None:
+        return offset >= 0
     return (offset >= 0) & (offset < window)
 
 
