@@ -117,9 +117,9 @@ def explicit_attention(
     """Attention of one sample written out, for what sdpa lacks: soft-capped scores and sinks.
 
     q (B, H, L, D), k (B, Hkv, L, D), v (B, Hkv, L, Dv); `allowed` boolean, broadcastable to
-    (B, H, L, L) (causal, the window, padding). The order is the families' own: scale, soft-cap, mask, then a softmax whose
-    denominator also holds each head's sink logit (subtracting the row maximum first, as
-    gpt-oss does, so large sinks do not overflow).
+    (B, H, L, L) (causal, the window, padding). The order is the families' own: scale,
+    soft-cap, mask, then a softmax whose denominator also holds each head's sink logit
+    (subtracting the row maximum first, as gpt-oss does, so large sinks do not overflow).
     """
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
