@@ -10,12 +10,14 @@ import pytest
 import torch
 import torch.distributed as dist
 from families import BY_NAME, FAMILIES
+from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from mini_trainer.batching.collator import collate_packed
 from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.method import FullFineTuning
 from mini_trainer.training import attention
+from mini_trainer.training.checkpoint import save_hf_checkpoint
 from mini_trainer.training.loss import chunked_linear_cross_entropy
 from mini_trainer.training.model_setup import ModelSpec, build_model
 
@@ -99,3 +101,20 @@ def test_packed_step_equals_transformers_eager_per_sample(name, tmp_path, world_
     assert set(got) == set(want_grads)
     errors = {key: relative_error(got[key], grad) for key, grad in want_grads.items()}
     assert max(errors.values()) <= RTOL, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+
+    # Export: the checkpoint's own key layout and shapes (per-expert tensors again), and
+    # transformers loads it to the same logits.
+    save_hf_checkpoint(wrapped, config, str(tmp_path / "model"), tmp_path / "out", "float32",
+                       world_of_one)  # fmt: skip
+    assert _shapes(tmp_path / "out") == _shapes(tmp_path / "model")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
+    ids = torch.tensor([batch[2]["input_ids"]])
+    with torch.no_grad():
+        want_logits = model(input_ids=ids, use_cache=False).logits
+        got_logits = reloaded.eval()(input_ids=ids, use_cache=False).logits
+    assert relative_error(got_logits, want_logits) <= RTOL
+
+
+def _shapes(folder) -> dict[str, tuple]:
+    with safe_open(folder / "model.safetensors", "pt") as handle:
+        return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118

@@ -3,8 +3,9 @@
 Every rank takes part in gathering one module's parameters at a time (`full_tensor()`); rank 0
 hands them to the method's `export_weights` (any subset of the state, here one module's tensors,
 so factors of one target are exported together), casts them to the save dtype and writes each
-tensor straight to its place in its shard file. The files' layouts are computed first, from
-the shapes alone (a dry run of `export_weights` on the meta device), so nothing waits in memory
+tensor straight to its place in its shard file, in the checkpoint's own key layout (fused
+experts written back one tensor per expert: `layouts.py`). The files' layouts are computed
+first, from the shapes alone (a dry run of `export_weights` on the meta device), so nothing waits in memory
 for a shard to fill: rank 0 holds one module's tensors at a time, never the whole model.
 
 The files are byte for byte what `safetensors.torch.save_file` writes for the same tensors
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard
 
 from mini_trainer.distributed.runtime import Runtime
+from mini_trainer.models.layouts import CheckpointLayout
 from mini_trainer.models.loading import PREFIX
 from mini_trainer.models.safetensors_file import SAFETENSORS_DTYPES
 
@@ -202,10 +204,11 @@ def export_hf_weights(
     state = model.state_dict(keep_vars=True)
     writer = None
     if runtime.is_main:
+        layout = CheckpointLayout(model.model)
         specs = {}
         for keys in groups:
             meta = {key: torch.empty(state[key].shape, device="meta") for key in keys}
-            for name, tensor in _dense(to_dense(meta), tied_embeddings):
+            for name, tensor in _on_disk(to_dense(meta), tied_embeddings, layout).items():
                 specs[name] = (dtype, tuple(tensor.shape))
         writer = ShardedWriter(out, plan_shards(specs, max_shard_bytes), {"format": "pt"})
     for keys in groups:
@@ -213,7 +216,7 @@ def export_hf_weights(
         if writer is not None:
             fp32 = {key: value.to("cpu", torch.float32) for key, value in gathered.items()}
             del gathered
-            for name, tensor in _dense(to_dense(fp32), tied_embeddings):
+            for name, tensor in _on_disk(to_dense(fp32), tied_embeddings, layout).items():
                 writer.write(name, tensor)
             del fp32
         else:
@@ -222,12 +225,17 @@ def export_hf_weights(
         writer.close()
 
 
-def _dense(state: dict[str, torch.Tensor], tied_embeddings: bool) -> Iterator:
-    for key, tensor in state.items():
-        name = hf_name(key)
-        if tied_embeddings and name == "lm_head.weight":
-            continue  # saved once, as the input embedding
-        yield name, tensor
+def _on_disk(
+    state: dict[str, torch.Tensor], tied_embeddings: bool, layout: CheckpointLayout
+) -> dict[str, torch.Tensor]:
+    """One module's dense tensors under their checkpoint names, in the checkpoint's layout
+    (fused experts written back one tensor per expert, as `save_pretrained` does)."""
+    named = {
+        hf_name(key): tensor
+        for key, tensor in state.items()
+        if not (tied_embeddings and hf_name(key) == "lm_head.weight")  # saved as the embedding
+    }
+    return layout.to_checkpoint(named)
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
