@@ -10,7 +10,7 @@ import itertools
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, MistralForCausalLM
 
 from mini_trainer.batching.collator import collate_packed
 from mini_trainer.training import attention
@@ -30,6 +30,43 @@ def test_choice_is_flash_then_torch_varlen_then_per_sample_sdpa():
     for is_cuda, flash, varlen in itertools.product((True, False), repeat=3):
         want = expected.get((is_cuda, flash, varlen), attention.PER_SAMPLE_NAME)
         assert attention.choose_attention(is_cuda, flash, varlen) == want, (is_cuda, flash, varlen)
+
+
+def test_a_kernel_is_chosen_only_when_it_does_all_the_model_needs():
+    choose = attention.choose_attention
+    for needs in ([], [attention.WINDOW]):
+        assert choose(True, True, True, frozenset(needs)) == attention.FLASH_NAME
+        assert choose(True, False, True, frozenset(needs)) == attention.VARLEN_NAME
+    softcap = frozenset({attention.WINDOW, attention.SOFTCAP})
+    assert choose(True, True, True, softcap) == attention.FLASH_NAME
+    assert choose(True, False, True, softcap) == attention.PER_SAMPLE_NAME
+    for needs in ({attention.SINKS}, {attention.VALUE_DIM}):
+        assert choose(True, True, True, frozenset(needs)) == attention.PER_SAMPLE_NAME
+
+
+@pytest.mark.parametrize(
+    "family, needs",
+    [
+        ("llama", set()),
+        ("qwen2", set()),  # its config has a sliding_window, but use_sliding_window is off
+        ("mistral", {attention.WINDOW}),
+        ("gemma", set()),
+        ("gemma2", {attention.WINDOW, attention.SOFTCAP}),
+        ("gemma3_text", {attention.WINDOW}),
+        ("gpt_oss", {attention.WINDOW, attention.SINKS}),
+        ("deepseek_v3", {attention.VALUE_DIM}),
+        ("mixtral", set()),
+    ],
+)
+def test_attention_needs_are_read_off_each_family(family, needs):
+    from families import BY_NAME
+    from transformers import AutoModelForCausalLM
+
+    config = BY_NAME[family].build()
+    config._attn_implementation = "eager"
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    assert attention.attention_needs(model) == needs
 
 
 def test_this_torch_ships_the_varlen_kernel():
@@ -80,6 +117,39 @@ def test_packed_loss_and_gradients_equal_each_sample_alone(path, lengths):
     torch.testing.assert_close(loss, reference, atol=1e-5, rtol=1e-5)
     for (key, a), b in zip(packed.named_parameters(), alone.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4, msg=key)
+
+
+def test_varlen_path_applies_sliding_windows_like_the_per_sample_path():
+    """A window shorter than the samples: the varlen layout code hands it to the kernel (here
+    the reference kernel, with torch's window contract) and matches the per-sample path."""
+    from families import BY_NAME
+
+    per_sample, varlen = cpu_paths()
+    config = BY_NAME["mistral"].build()
+    torch.manual_seed(0)
+    config._attn_implementation = per_sample
+    a = CausalLMWithLoss(MistralForCausalLM(config), chunked_linear_cross_entropy)
+    config_b = BY_NAME["mistral"].build()
+    config_b._attn_implementation = varlen
+    b = CausalLMWithLoss(MistralForCausalLM(config_b), chunked_linear_cross_entropy)
+    b.load_state_dict(a.state_dict())
+    gen = torch.Generator().manual_seed(2)
+    samples = [
+        {"input_ids": (ids := torch.randint(0, 97, (n,), generator=gen).tolist()), "labels": ids}
+        for n in (11, 2, 7)
+    ]
+    micro = collate_packed(samples, batch_num_loss_tokens=1)
+    losses = [
+        model(
+            micro.input_ids,
+            micro.position_ids,
+            micro.target_ids,
+            loss_rows=micro.loss_rows,
+            **attention.attention_kwargs(name, micro),
+        )  # fmt: skip
+        for model, name in ((a, per_sample), (b, varlen))
+    ]
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
 
 
 def test_varlen_path_refuses_input_without_boundaries():

@@ -5,8 +5,9 @@ hands them to the method's `export_weights` (any subset of the state, here one m
 so factors of one target are exported together), casts them to the save dtype and writes each
 tensor straight to its place in its shard file, in the checkpoint's own key layout (fused
 experts written back one tensor per expert: `layouts.py`). The files' layouts are computed
-first, from the shapes alone (a dry run of `export_weights` on the meta device), so nothing waits in memory
-for a shard to fill: rank 0 holds one module's tensors at a time, never the whole model.
+first, from the shapes alone (a dry run of `export_weights` on the meta device), so nothing
+waits in memory for a shard to fill: rank 0 holds one module's tensors at a time, never the
+whole model.
 
 The files are byte for byte what `safetensors.torch.save_file` writes for the same tensors
 (tensors sorted by name, the JSON header padded with spaces to 8 bytes), and shards follow

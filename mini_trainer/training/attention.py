@@ -9,7 +9,18 @@ Three paths, each isolating the samples of a packed row and costing the samples'
 | `packed_attention.NAME`: causal sdpa on each sample | CPU (and CUDA without either) | samples |
 
 `choose_attention` is the pure decision (tested on CPU); `pick_attention` is the one device check
-that feeds it. Sample boundaries come from the collator, which knows them on the host: the
+that feeds it. The model's attention may ask for more than plain causal attention
+(`attention_needs`: sliding windows, soft-capped scores, sinks, a value head size apart from the
+query's); a kernel is chosen only if it does all the model asks, so every family is exact on
+every device:
+
+| need | per-sample | flash-attn 2 | torch varlen |
+| --- | --- | --- | --- |
+| sliding window (Mistral, Gemma 2/3, gpt-oss) | yes | yes | yes |
+| score soft-capping (Gemma 2) | yes | yes | no |
+| sinks (gpt-oss) | yes | no (dropped silently) | no |
+| value head size apart (DeepSeek-V3's MLA) | yes | no | no |
+ Sample boundaries come from the collator, which knows them on the host: the
 per-sample path gets them as a Python list, the varlen kernels as a `cu_seqlens` tensor plus an
 int maximum, so no path reads boundaries back from the device (`nonzero().tolist()`, `.item()`).
 
@@ -38,14 +49,51 @@ VARLEN_NAME = "mini_trainer_varlen"
 PER_SAMPLE_NAME = packed_attention.NAME
 
 VarlenKernel = Callable[..., torch.Tensor]
-"""kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa) -> out; q/k/v/out (T, H, D)."""
+"""kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa, window) -> out; q/k/v/out
+(T, H, D); `window` None, or the sliding window (query i sees keys i - window < j <= i)."""
 
 
-def choose_attention(is_cuda: bool, flash_available: bool, varlen_available: bool) -> str:
-    """The attention for packed training rows: a pure function of what the machine offers."""
-    if is_cuda and flash_available:
+WINDOW, SOFTCAP, SINKS, VALUE_DIM = "sliding window", "soft-capping", "sinks", "value head size"
+KERNEL_SUPPORTS = {
+    FLASH_NAME: frozenset({WINDOW, SOFTCAP}),
+    VARLEN_NAME: frozenset({WINDOW}),
+}
+"""What each one-launch kernel does beyond causal attention; the per-sample path does all."""
+
+
+def attention_needs(model: torch.nn.Module) -> frozenset[str]:
+    """What the model's attention layers ask beyond plain causal attention, read off the
+    layers themselves (meta device is fine): the attributes each family's attention keeps."""
+    needs = set()
+    for module in model.modules():
+        if hasattr(module, "o_proj") and hasattr(module, "config"):  # an attention layer
+            # its own window (Qwen2, Gemma, gpt-oss), or its config's (Mistral, Mixtral)
+            window = getattr(
+                module, "sliding_window", getattr(module.config, "sliding_window", None)
+            )
+            if window is not None:
+                needs.add(WINDOW)
+        if getattr(module, "attn_logit_softcapping", None) is not None:
+            needs.add(SOFTCAP)
+        if isinstance(getattr(module, "sinks", None), torch.Tensor):
+            needs.add(SINKS)
+        v_dim, qk_dim = getattr(module, "v_head_dim", None), getattr(module, "qk_head_dim", None)
+        if v_dim is not None and qk_dim is not None and v_dim != qk_dim:
+            needs.add(VALUE_DIM)
+    return frozenset(needs)
+
+
+def choose_attention(
+    is_cuda: bool,
+    flash_available: bool,
+    varlen_available: bool,
+    needs: frozenset[str] = frozenset(),
+) -> str:
+    """The attention for packed training rows: a pure function of what the machine offers and
+    what the model's attention needs."""
+    if is_cuda and flash_available and needs <= KERNEL_SUPPORTS[FLASH_NAME]:
         return FLASH_NAME
-    if is_cuda and varlen_available:
+    if is_cuda and varlen_available and needs <= KERNEL_SUPPORTS[VARLEN_NAME]:
         return VARLEN_NAME
     return PER_SAMPLE_NAME
 
@@ -70,12 +118,15 @@ def torch_varlen_available() -> bool:
     return True
 
 
-def pick_attention(runtime) -> str:
+def pick_attention(runtime, needs: frozenset[str] = frozenset()) -> str:
     """The one device check behind the attention choice; registers the chosen implementation."""
     flash, why_not = flash_attn_imports() if runtime.is_cuda else (False, "")
     if runtime.is_cuda and not flash and runtime.is_main:
         log.warning("flash-attn does not import (%s)", why_not)
-    name = choose_attention(runtime.is_cuda, flash, runtime.is_cuda and torch_varlen_available())
+    varlen = runtime.is_cuda and torch_varlen_available()
+    name = choose_attention(runtime.is_cuda, flash, varlen, needs)
+    if runtime.is_cuda and name == PER_SAMPLE_NAME and (flash or varlen) and runtime.is_main:
+        log.info("per-sample attention: the model's attention needs %s", ", ".join(sorted(needs)))
     register(name)
     return name
 
@@ -142,31 +193,35 @@ def varlen_attention(
         raise ValueError("varlen attention takes packed rows, not a padding mask")
     if module.training and dropout > 0:
         raise ValueError("varlen attention has no attention dropout; set attention_dropout=0")
-    if kwargs.get("sliding_window") is not None or kwargs.get("softcap") is not None:
-        raise NotImplementedError("varlen attention: sliding windows and soft-capping")
+    if kwargs.get("softcap") is not None or kwargs.get("s_aux") is not None:
+        # choose_attention never picks this path for such a model (KERNEL_SUPPORTS)
+        raise ValueError("varlen attention: no soft-capping or sinks; use the per-sample path")
     batch, _, tokens, _ = query.shape
     # (B, H, T, D) -> (B*T, H, D): the rows laid end to end, as cu_seqlens counts them.
     q, k, v = (
         x.transpose(1, 2).reshape(batch * tokens, x.shape[1], x.shape[3])
         for x in (query, key, value)
     )
-    out = kernel(q, k, v, cu_seqlens, int(max_seqlen), scaling, query.shape[1] != key.shape[1])
+    window = kwargs.get("sliding_window")
+    gqa = query.shape[1] != key.shape[1]
+    out = kernel(q, k, v, cu_seqlens, int(max_seqlen), scaling, gqa, window)
     return out.reshape(batch, tokens, out.shape[1], out.shape[2]), None
 
 
-def torch_varlen_kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa):
-    """torch's native varlen kernel (CUDA, bf16/fp16); causal is the window (-1, 0)."""
+def torch_varlen_kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa, window=None):
+    """torch's native varlen kernel (CUDA, bf16/fp16); causal is the window (-1, 0), a sliding
+    window of W tokens (W - 1, 0) (inclusive bounds: W - 1 keys back and the query's own)."""
     # deferred: optional (torch 2.10 and later; see torch_varlen_available)
     from torch.nn.attention.varlen import varlen_attn
 
     cu = cu_seqlens.to(torch.int32)
     return varlen_attn(
         q, k, v, cu, cu, max_seqlen, max_seqlen,
-        scale=scale, window_size=(-1, 0), enable_gqa=enable_gqa,
+        scale=scale, window_size=(-1 if window is None else window - 1, 0), enable_gqa=enable_gqa,
     )  # fmt: skip
 
 
-def reference_varlen_kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa):
+def reference_varlen_kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa, window=None):
     """The varlen contract in plain sdpa, one sample at a time: runs anywhere, for tests."""
     bounds = cu_seqlens.tolist()
     pieces = [
@@ -174,7 +229,7 @@ def reference_varlen_kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa):
             q[start:end].transpose(0, 1),
             k[start:end].transpose(0, 1),
             v[start:end].transpose(0, 1),
-            is_causal=True,
+            attn_mask=packed_attention.window_mask(end - start, window, q.device, always=True),
             scale=scale,
             enable_gqa=enable_gqa,
         ).transpose(0, 1)

@@ -22,7 +22,7 @@ from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext
 from mini_trainer.models.loading import load_sharded_weights
 from mini_trainer.training import packed_attention
-from mini_trainer.training.attention import pick_attention
+from mini_trainer.training.attention import attention_needs, pick_attention
 from mini_trainer.training.compile import compile_layers
 from mini_trainer.training.loss import LossFn, logit_head
 
@@ -178,17 +178,20 @@ def build_model(
     converts rank 0 dense weights into the adapted model state before they are broadcast.
     `loss_fn` is the model own loss (None: every call passes one).
     """
-    attention = pick_attention(runtime)
-    config = load_config(spec.model_path, attention)
-    if runtime.is_main:
-        log.info("attention implementation: %s", attention)
-
+    # Every family accepts the per-sample path; the kernel is chosen once the model's
+    # attention layers say what they need (windows, soft-caps, sinks).
+    config = load_config(spec.model_path, packed_attention.register())
     if context is None:
         context = MethodContext(runtime, Path("."), None)
     wrapped = meta_model(
         config, loss_fn, method, context,
         activation_checkpointing=spec.activation_checkpointing, log_main=runtime.is_main,
     )  # fmt: skip
+    attention = pick_attention(runtime, attention_needs(wrapped.model))
+    if attention != wrapped.model.config._attn_implementation:
+        wrapped.model.set_attn_implementation(attention)
+    if runtime.is_main:
+        log.info("attention implementation: %s", attention)
     if spec.compile:
         compile_layers(decoder_layers(wrapped.model), attention, runtime.is_cuda, runtime.is_main)
     if spec.cpu_offload and not runtime.is_cuda:
@@ -200,4 +203,4 @@ def build_model(
     wrapped.to_empty(device="cpu" if spec.cpu_offload else runtime.device)
     # Rank 0 streams the checkpoint tensor by tensor into every rank's shards.
     load_sharded_weights(wrapped, spec.model_path, method.convert_weights, runtime)
-    return wrapped, config
+    return wrapped, wrapped.model.config

@@ -54,7 +54,7 @@ def packed_sdpa_attention(
     if attention_mask is not None or position_ids is None:  # padded or plain input
         mask = _causal_padding_mask(attention_mask, query.shape[2], key.shape[2], query.device)
         if softcap is not None or sinks is not None or kwargs.get("sliding_window") is not None:
-            allowed = _window_mask(query.shape[2], kwargs.get("sliding_window"), query.device,
+            allowed = window_mask(query.shape[2], kwargs.get("sliding_window"), query.device,
                                    always=True)  # fmt: skip
             allowed = allowed if mask is None else mask & allowed
             output = explicit_attention(
@@ -83,10 +83,10 @@ def packed_sdpa_attention(
             # Causal, and within the window if the sample is longer than it (as transformers'
             # mask: query i sees keys j with i - window < j <= i).
             if softcap is not None or sinks is not None:
-                band = _window_mask(q.shape[2], window, query.device, always=True)
+                band = window_mask(q.shape[2], window, query.device, always=True)
                 pieces.append(explicit_attention(q, k, v, band, scaling, softcap, sinks, dropout_p))
                 continue
-            band = _window_mask(q.shape[2], window, query.device)
+            band = window_mask(q.shape[2], window, query.device)
             pieces.append(
                 F.scaled_dot_product_attention(
                     q,
@@ -141,7 +141,7 @@ def explicit_attention(
     return torch.matmul(probs, v)
 
 
-def _window_mask(
+def window_mask(
     length: int, window: int | None, device, always: bool = False
 ) -> torch.Tensor | None:
     """(length, length) causal sliding-window mask; None when the window covers the sample
