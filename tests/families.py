@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 import transformers as tf
 
 SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
@@ -138,3 +139,92 @@ FAMILIES = [
     ),
 ]
 BY_NAME = {family.name: family for family in FAMILIES}
+
+
+RTOL = 1e-5
+"""Relative error allowed, tensor by tensor (fp32 rounding of sums taken in another order)."""
+LENGTHS = [9, 3, 14, 6]
+"""Samples of a packed row: two longer than every window, one shorter."""
+
+
+def build_model(name: str):
+    """The family's tiny model, eager attention, fp32, seeded (the same on every rank)."""
+    torch.manual_seed(0)
+    config = BY_NAME[name].build()
+    config._attn_implementation = "eager"
+    return tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
+
+
+def samples(vocab: int, lengths=LENGTHS) -> list[dict]:
+    gen = torch.Generator().manual_seed(1)
+    out = []
+    for n in lengths:
+        ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
+        labels = [-100 if i < 2 else t for i, t in enumerate(ids)]
+        out.append({"input_ids": ids, "labels": labels})
+    return out
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """|got - want| / |want| in the Frobenius norm: one number per tensor, so an element that
+    is a sum of cancelling terms (near zero) does not dominate."""
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def eager_reference(model, batch):
+    """Summed token loss of each sample run alone by transformers (eager attention), and the
+    gradients of that sum."""
+    model.zero_grad(set_to_none=True)
+    total = 0.0
+    for sample in batch:
+        ids = torch.tensor([sample["input_ids"]])
+        labels = torch.tensor([sample["labels"]])
+        n = int((labels[0, 1:] != -100).sum())
+        out = model(input_ids=ids, labels=labels, use_cache=False)
+        total = total + out.loss * n
+    total.backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return total.detach(), grads
+
+
+def sharded_step(folder, batch, runtime):
+    """Our side of one step on this rank's `batch`: the FSDP2 model built from `folder` by
+    the engine's own `build_model` (loader, layouts, attention choice), one packed row, the
+    chunked loss. Returns (wrapped model, summed loss of this rank's tokens); gradients are
+    left in the model (FSDP2 averages them over the ranks)."""
+    # deferred: the engine's modules are only needed where a step runs
+    from mini_trainer.batching.collator import collate_packed
+    from mini_trainer.method import FullFineTuning
+    from mini_trainer.training import attention
+    from mini_trainer.training.loss import chunked_linear_cross_entropy
+    from mini_trainer.training.model_setup import ModelSpec
+    from mini_trainer.training.model_setup import build_model as build_sharded
+
+    spec = ModelSpec(str(folder))
+    wrapped, _ = build_sharded(spec, chunked_linear_cross_entropy, runtime, FullFineTuning())
+    wrapped.train()
+    name = wrapped.model.config._attn_implementation
+    micro = collate_packed(batch, batch_num_loss_tokens=1)
+    loss = wrapped(
+        micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
+        **attention.attention_kwargs(name, micro),
+    )  # fmt: skip
+    loss.backward()
+    return wrapped, loss.detach()
+
+
+def full_grads(wrapped, world_size: int) -> dict[str, torch.Tensor]:
+    """The summed (not averaged) gradient of every parameter, whole, by Hugging Face name."""
+    return {
+        key.removeprefix("model."): p.grad.full_tensor() * world_size
+        for key, p in wrapped.named_parameters()
+        if p.grad is not None
+    }
+
+
+def worst_errors(got: dict, want: dict, shown: int = 3) -> list[tuple[str, float]]:
+    """The largest relative errors, tensor by tensor; a missing or extra gradient is inf."""
+    errors = {key: relative_error(got[key], want[key]) if key in got else float("inf")
+              for key in want}  # fmt: skip
+    errors.update({key: float("inf") for key in set(got) - set(want)})
+    return sorted(errors.items(), key=lambda kv: -kv[1])[:shown]

@@ -4,27 +4,32 @@ transformers' eager per-sample computation, fp32 on the CPU."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
 import torch.distributed as dist
-from families import BY_NAME, FAMILIES
+from families import (
+    FAMILIES,
+    RTOL,
+    build_model,
+    eager_reference,
+    full_grads,
+    relative_error,
+    samples,
+    sharded_step,
+    worst_errors,
+)
+from helpers import REPO_ROOT, subprocess_env
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from mini_trainer.batching.collator import collate_packed
 from mini_trainer.distributed.runtime import Runtime
-from mini_trainer.method import FullFineTuning
-from mini_trainer.training import attention
 from mini_trainer.training.checkpoint import save_hf_checkpoint
-from mini_trainer.training.loss import chunked_linear_cross_entropy
-from mini_trainer.training.model_setup import ModelSpec, build_model
-
-RTOL = 1e-5
-"""Relative error allowed, tensor by tensor (fp32 rounding of sums taken in another order)."""
-LENGTHS = [9, 3, 14, 6]
-"""Samples of a packed row: two longer than every window, one shorter."""
 
 
 @pytest.fixture(scope="module")
@@ -38,74 +43,23 @@ def world_of_one():
     dist.destroy_process_group()
 
 
-def samples(vocab: int, lengths=LENGTHS) -> list[dict]:
-    gen = torch.Generator().manual_seed(1)
-    out = []
-    for n in lengths:
-        ids = torch.randint(3, vocab, (n,), generator=gen).tolist()
-        labels = [-100 if i < 2 else t for i, t in enumerate(ids)]
-        out.append({"input_ids": ids, "labels": labels})
-    return out
-
-
-def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    """|got - want| / |want| in the Frobenius norm: one number per tensor, so an element that
-    is a sum of cancelling terms (near zero) does not dominate."""
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
-
-
-def eager_reference(model, batch):
-    """Summed token loss of each sample run alone by transformers (eager attention), and the
-    gradients of that sum."""
-    model.zero_grad(set_to_none=True)
-    total = 0.0
-    for sample in batch:
-        ids = torch.tensor([sample["input_ids"]])
-        labels = torch.tensor([sample["labels"]])
-        n = int((labels[0, 1:] != -100).sum())
-        out = model(input_ids=ids, labels=labels, use_cache=False)
-        total = total + out.loss * n
-    total.backward()
-    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    return total.detach(), grads
-
-
 @pytest.mark.parametrize("name", [family.name for family in FAMILIES])
 def test_packed_step_equals_transformers_eager_per_sample(name, tmp_path, world_of_one):
-    torch.manual_seed(0)
-    config = BY_NAME[name].build()
-    config._attn_implementation = "eager"
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
+    """One rank: loss and every gradient; then the export, reloaded by transformers."""
+    model = build_model(name)
     model.save_pretrained(tmp_path / "model")
-    batch = samples(config.vocab_size)
+    batch = samples(model.config.vocab_size)
     want_loss, want_grads = eager_reference(model, batch)
 
-    wrapped, _ = build_model(
-        ModelSpec(str(tmp_path / "model")), chunked_linear_cross_entropy, world_of_one,
-        FullFineTuning(),
-    )  # fmt: skip
-    wrapped.train()
-    name_attn = wrapped.model.config._attn_implementation
-    micro = collate_packed(batch, batch_num_loss_tokens=1)
-    loss = wrapped(
-        micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
-        **attention.attention_kwargs(name_attn, micro),
-    )  # fmt: skip
-    loss.backward()
-    assert relative_error(loss.detach(), want_loss) <= RTOL, (loss.item(), want_loss.item())
-    got = {
-        key.removeprefix("model."): p.grad.full_tensor()
-        for key, p in wrapped.named_parameters()
-        if p.grad is not None
-    }
-    assert set(got) == set(want_grads)
-    errors = {key: relative_error(got[key], grad) for key, grad in want_grads.items()}
-    assert max(errors.values()) <= RTOL, sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    wrapped, loss = sharded_step(tmp_path / "model", batch, world_of_one)
+    assert relative_error(loss, want_loss) <= RTOL, (loss.item(), want_loss.item())
+    worst = worst_errors(full_grads(wrapped, 1), want_grads)
+    assert worst[0][1] <= RTOL, worst
 
     # Export: the checkpoint's own key layout and shapes (per-expert tensors again), and
     # transformers loads it to the same logits.
-    save_hf_checkpoint(wrapped, config, str(tmp_path / "model"), tmp_path / "out", "float32",
-                       world_of_one)  # fmt: skip
+    save_hf_checkpoint(wrapped, model.config, str(tmp_path / "model"), tmp_path / "out",
+                       "float32", world_of_one)  # fmt: skip
     assert _shapes(tmp_path / "out") == _shapes(tmp_path / "model")
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
     ids = torch.tensor([batch[2]["input_ids"]])
@@ -113,6 +67,24 @@ def test_packed_step_equals_transformers_eager_per_sample(name, tmp_path, world_
         want_logits = model(input_ids=ids, use_cache=False).logits
         got_logits = reloaded.eval()(input_ids=ids, use_cache=False).logits
     assert relative_error(got_logits, want_logits) <= RTOL
+
+
+@pytest.mark.slow
+def test_every_family_is_exact_on_two_ranks(tmp_path):
+    """Two ranks (torchrun, gloo, FSDP2 shards on both), each packing half the samples: the
+    summed loss and every whole gradient equal the single-process eager reference."""
+    out = tmp_path / "errors.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(REPO_ROOT / "tests" / "family_ranks.py"),
+               str(out), str(tmp_path / "models")]  # fmt: skip
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    errors = json.loads(out.read_text())
+    assert sorted(errors) == sorted(family.name for family in FAMILIES)
+    for name, (loss_error, worst) in errors.items():
+        assert loss_error <= RTOL, (name, loss_error)
+        assert worst[0][1] <= RTOL, (name, worst)
 
 
 def _shapes(folder) -> dict[str, tuple]:
