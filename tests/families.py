@@ -147,10 +147,13 @@ LENGTHS = [9, 3, 14, 6]
 """Samples of a packed row: two longer than every window, one shorter."""
 
 
-def build_model(name: str):
-    """The family's tiny model, eager attention, fp32, seeded (the same on every rank)."""
+def build_model(name: str, **overrides):
+    """The family's tiny model, eager attention, fp32, seeded (the same on every rank);
+    `overrides` set config fields first."""
     torch.manual_seed(0)
     config = BY_NAME[name].build()
+    for key, value in overrides.items():
+        setattr(config, key, value)
     config._attn_implementation = "eager"
     return tf.AutoModelForCausalLM.from_config(config, dtype=torch.float32).train()
 
@@ -187,11 +190,12 @@ def eager_reference(model, batch):
     return total.detach(), grads
 
 
-def sharded_step(folder, batch, runtime):
+def sharded_step(folder, batch, runtime, router=None):
     """Our side of one step on this rank's `batch`: the FSDP2 model built from `folder` by
     the engine's own `build_model` (loader, layouts, attention choice), one packed row, the
     chunked loss. Returns (wrapped model, summed loss of this rank's tokens); gradients are
-    left in the model (FSDP2 averages them over the ranks)."""
+    left in the model (FSDP2 averages them over the ranks). `router`: a `RouterStats` that
+    records a mixture of experts' routing and adds its aux term, as the training loop does."""
     # deferred: the engine's modules are only needed where a step runs
     from mini_trainer.batching.collator import collate_packed
     from mini_trainer.method import FullFineTuning
@@ -207,7 +211,7 @@ def sharded_step(folder, batch, runtime):
     micro = collate_packed(batch, batch_num_loss_tokens=1)
     loss = wrapped(
         micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
-        **attention.attention_kwargs(name, micro),
+        router=router, **attention.attention_kwargs(name, micro),
     )  # fmt: skip
     loss.backward()
     return wrapped, loss.detach()

@@ -90,3 +90,89 @@ def test_every_family_is_exact_on_two_ranks(tmp_path):
 def _shapes(folder) -> dict[str, tuple]:
     with safe_open(folder / "model.safetensors", "pt") as handle:
         return {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}  # noqa: SIM118
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe", "gpt_oss", "granitemoe"])
+def test_router_aux_loss_enters_the_loss_as_the_family_defines_it(name, tmp_path, world_of_one):
+    """With `output_router_logits` on, the step's loss is the LM token sum plus
+    `router_aux_loss_coef * loss tokens * load_balancing_loss_func(router logits of the row)`
+    (the family's own function; packed routing is per token, so the row's logits are the
+    samples' logits laid end to end), and so are the gradients; counts per expert add up."""
+    from mini_trainer.models.moe import RouterStats, routing
+
+    # a large coefficient, so the term moves every gradient
+    model = build_model(name, output_router_logits=True, router_aux_loss_coef=0.5)
+    model.save_pretrained(tmp_path / "model")
+    batch = samples(model.config.vocab_size)
+    routes = routing(model)
+    assert routes is not None and routes.aux_coef == 0.5
+
+    model.zero_grad(set_to_none=True)
+    lm_sum, logits, tokens = 0.0, [], 0
+    for sample in batch:
+        ids, labels = torch.tensor([sample["input_ids"]]), torch.tensor([sample["labels"]])
+        out = model(input_ids=ids, labels=labels, use_cache=False, output_router_logits=True)
+        n = int((labels[0, 1:] != -100).sum())
+        # transformers adds its own aux term per sample: take the LM part alone
+        lm_sum = lm_sum + (out.loss - 0.5 * out.aux_loss) * n
+        logits.append(out.router_logits)
+        tokens += n
+    row_logits = tuple(torch.cat(layer) for layer in zip(*logits, strict=True))
+    aux = routes.loss_fn(row_logits, routes.experts, routes.top_k, None)
+    want = lm_sum + 0.5 * tokens * aux
+    want.backward()
+    want_grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    stats = RouterStats(routes, torch.device("cpu"))
+    wrapped, loss = sharded_step(tmp_path / "model", batch, world_of_one, router=stats)
+    assert relative_error(loss, want.detach()) <= RTOL
+    worst = worst_errors(full_grads(wrapped, 1), want_grads)
+    assert worst[0][1] <= RTOL, worst
+    assert stats.totals[0].item() == pytest.approx(tokens * aux.item(), rel=1e-5)
+    routed_layers = len(row_logits)
+    assert stats.totals[2:].sum().item() == sum(len(s["input_ids"]) for s in batch) * (
+        routes.top_k * routed_layers
+    )
+
+
+def test_training_a_mixture_of_experts_logs_its_routing(demo_dir, tmp_path):
+    """A real one-rank training job (the demo task, a tiny Mixtral with the demo tokenizer and
+    the router's aux loss on): every metrics row has `aux_loss` and `expert_tokens`, whose sum
+    is every routed token x top-k x layer; the logged `loss` is the LM's alone; final/ keeps
+    the checkpoint's per-expert layout."""
+    import shutil
+
+    from helpers import base_flags, read_metrics, train_in_process
+    from transformers import AutoConfig
+
+    from mini_trainer.batching.sampler import BatchSampler
+
+    vocab = AutoConfig.from_pretrained(demo_dir / "model").vocab_size
+    model = build_model("mixtral", vocab_size=vocab, output_router_logits=True)
+    folder = tmp_path / "mixtral"
+    model.save_pretrained(folder)
+    for tokenizer_file in (demo_dir / "model").glob("*token*"):
+        shutil.copy(tokenizer_file, folder)
+    flags = {"model-name-or-path": folder, "training-mode": "step", "max-steps": 2,
+             "batch-size": 8, "save-final-checkpoint": True}  # fmt: skip
+    result = train_in_process(*base_flags(demo_dir, tmp_path / "run", **flags))
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(tmp_path / "run")
+    assert len(rows) == 2
+    for row in rows:
+        assert row["aux_loss"] > 0 and len(row["expert_tokens"]) == 4
+        layers = model.config.num_hidden_layers
+        assert sum(row["expert_tokens"]) == row["num_tokens"] * 2 * layers
+    assert _shapes(tmp_path / "run" / "final") == _shapes(folder)
+
+    # step 1's logged loss: the batch's LM token mean, without the aux term
+    data = demo_dir / "data" / "sort_plus1.train.jsonl"
+    lines = [json.loads(line) for line in data.read_text().splitlines()]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in BatchSampler(len(lines), 8, 7).next_batch().indices:
+            ids, labels = torch.tensor([lines[i]["input_ids"]]), torch.tensor([lines[i]["labels"]])
+            n = int((labels[0, 1:] != -100).sum())
+            out = model(input_ids=ids, labels=labels, use_cache=False, output_router_logits=False)
+            total, count = total + out.loss.item() * n, count + n
+    assert rows[0]["loss"] == pytest.approx(total / count, rel=1e-5)

@@ -11,6 +11,10 @@ detection reads position ids back (`.item()`, impossible on meta). So the trace 
 layout code of the varlen path (`attention.varlen_attention`) with a stand-in kernel that saves
 what flash-style kernels save: q, k, v, the output and a fp32 log-sum-exp per head and token.
 On the CPU path (per-sample sdpa) the kernel saves the same; its q, k, v are not copied first.
+A layer with soft-capped scores or sinks on the per-sample path (the CPU, and on CUDA where no
+kernel does what it needs: `attention.choose_attention`) runs the real explicit formula
+(`packed_attention.explicit_attention`) on meta tensors, so its tokens x tokens scores and
+probabilities per head are counted, for one sample as long as the row (the worst case).
 
 Only the first decoder layer is traced when every layer has the same parameter shapes (then
 they save the same), and multiplied by the layer count: the trace of a 70B model takes a
@@ -25,7 +29,13 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 
-from mini_trainer.training.attention import register_varlen
+from mini_trainer.training.attention import (
+    PER_SAMPLE_NAME,
+    attention_needs,
+    choose_attention,
+    varlen_attention,
+)
+from mini_trainer.training.packed_attention import explicit_attention, window_mask
 
 NAME_CUDA = "mini_trainer_plan_varlen"
 NAME_CPU = "mini_trainer_plan_cpu"
@@ -36,7 +46,7 @@ class _FlashLikeAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v):
-        out = torch.empty_like(q)
+        out = q.new_empty((*q.shape[:-1], v.shape[-1]))  # MLA: the value head size differs
         lse = q.new_empty((q.shape[-2], q.shape[0]), dtype=torch.float32)
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -47,18 +57,31 @@ class _FlashLikeAttention(torch.autograd.Function):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def _kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa):
+def _kernel(q, k, v, cu_seqlens, max_seqlen, scale, enable_gqa, window=None):
     return _FlashLikeAttention.apply(q, k, v)
 
 
 def _cpu_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kw):
-    """The CPU path's shape of work: flash-style sdpa on (B, H, T, D), output made contiguous."""
-    out = _FlashLikeAttention.apply(query, key, value)
+    """The per-sample path's shape of work: flash-style sdpa on (B, H, T, D), output made
+    contiguous; the explicit formula where the layer soft-caps its scores or has sinks."""
+    if kw.get("softcap") is not None or kw.get("s_aux") is not None:
+        allowed = window_mask(query.shape[2], kw.get("sliding_window"), query.device, always=True)
+        out = explicit_attention(
+            query, key, value, allowed, scaling, kw.get("softcap"), kw.get("s_aux")
+        )
+    else:
+        out = _FlashLikeAttention.apply(query, key, value)
     return out.transpose(1, 2).contiguous(), None
 
 
+def _cuda_attention(module, query, key, value, attention_mask, **kw):
+    """The one-launch kernels' layout code; flash-attn's soft-cap costs no memory of its own."""
+    kw.pop("softcap", None)
+    return varlen_attention(module, query, key, value, attention_mask, kernel=_kernel, **kw)
+
+
 def register() -> None:
-    register_varlen(NAME_CUDA, _kernel)
+    AttentionInterface.register(NAME_CUDA, _cuda_attention)
     AttentionInterface.register(NAME_CPU, _cpu_attention)
 
 
@@ -99,7 +122,9 @@ def trace(wrapped: nn.Module, tokens: int, compute_dtype: torch.dtype, cuda: boo
     config = model.config
     saved_attention = config._attn_implementation
     saved_checkpointing = [getattr(layer, "gradient_checkpointing", False) for layer in layers]
-    config._attn_implementation = NAME_CUDA if cuda else NAME_CPU
+    # the path training takes on this device, a GPU with flash-attn assumed
+    per_sample = choose_attention(cuda, True, True, attention_needs(model)) == PER_SAMPLE_NAME
+    config._attn_implementation = NAME_CPU if per_sample else NAME_CUDA
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     per_layer: dict[int, dict[int, int]] = {}
     current = [-1]

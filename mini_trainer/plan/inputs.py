@@ -60,7 +60,7 @@ def load_config(model_dir: Path, device: str):
     # deferred: transformers, torch: plan reports a bad flag or folder before loading them
     from transformers import CONFIG_MAPPING
 
-    from mini_trainer.training import model_setup
+    from mini_trainer.training import model_setup, packed_attention
 
     try:
         family = json.loads((model_dir / "config.json").read_text()).get("model_type")
@@ -68,7 +68,8 @@ def load_config(model_dir: Path, device: str):
         raise UserError(f"{model_dir / 'config.json'}: not readable JSON ({error})") from None
     if family not in CONFIG_MAPPING:
         raise UserError(f"{model_dir / 'config.json'}: unknown model family {family!r}")
-    return model_setup.load_config(str(model_dir), "sdpa" if device == "cpu" else "sdpa")
+    # the implementation every family accepts; the trace swaps in its own stand-ins
+    return model_setup.load_config(str(model_dir), packed_attention.register())
 
 
 def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[str]) -> dict:

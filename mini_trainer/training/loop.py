@@ -24,6 +24,7 @@ from mini_trainer.distributed.run_lock import lock_output_dir
 from mini_trainer.distributed.runtime import Runtime, all_reduce_max, all_reduce_sum
 from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext, write_description
+from mini_trainer.models.moe import RouterStats, routing, step_fields
 from mini_trainer.plan.probe import memory_probe
 from mini_trainer.training import checkpoint, divergence, resume
 from mini_trainer.training.attention import attention_kwargs
@@ -57,6 +58,8 @@ class StepResult:
     lr: float
     peak_memory_gb: float
     stop_requested: bool
+    routed: dict | None = None
+    """A mixture of experts' `aux_loss` and `expert_tokens` (models/moe.py), else None."""
 
 
 def train(args: TrainingArgs, runtime: Runtime) -> int:
@@ -267,6 +270,7 @@ class StepMetrics:
             **self.flops.step_metrics(
                 plan.num_tokens, int((lengths**2).sum()), step_time, self.world_size
             ),
+            **(result.routed or {}),
         }
 
 
@@ -279,19 +283,26 @@ def train_step(
     # FSDP averages gradients over ranks; scaling by world size makes that a sum.
     scale = runtime.world_size / plan.batch_num_loss_tokens
     loss_sum = torch.zeros((), dtype=torch.float64, device=runtime.device)
+    routes = routing(model.model)
+    router = RouterStats(routes, runtime.device) if routes is not None else None
     for index, host_micro in enumerate(micro_batches):
         micro = host_micro.to(runtime.device, non_blocking=runtime.is_cuda)
         if args.defer_grad_sync:  # reduce-scatter only after the step's last micro-batch
             model.set_requires_gradient_sync(index == len(micro_batches) - 1)
         loss = model(
             micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
-            **attention_kwargs(attention, micro),
+            router=router, **attention_kwargs(attention, micro),
         )  # fmt: skip
         (loss * scale).backward()
         loss_sum += loss.detach().double()
 
     grad_norm = finish_gradients(model, method, args.grad_clip)
     (total_loss,) = all_reduce_sum([loss_sum.item()], runtime)
+    routed = {}
+    if router is not None:  # the logged loss is the LM's; the aux term is logged apart
+        totals = all_reduce_sum(router.totals.tolist(), runtime)
+        routed = step_fields(totals, plan.batch_num_loss_tokens)
+        total_loss -= totals[1]
     check_step(total_loss, float(grad_norm))  # before the update: a NaN never reaches weights
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
@@ -309,6 +320,7 @@ def train_step(
         lr=lr,
         peak_memory_gb=peak_gb,
         stop_requested=bool(stop_flag),
+        routed=routed or None,
     )
 
 

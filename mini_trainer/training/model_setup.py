@@ -21,6 +21,7 @@ from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext
 from mini_trainer.models.loading import load_sharded_weights
+from mini_trainer.models.moe import RouterStats
 from mini_trainer.training import packed_attention
 from mini_trainer.training.attention import attention_needs, pick_attention
 from mini_trainer.training.compile import compile_layers
@@ -79,12 +80,15 @@ class CausalLMWithLoss(nn.Module):
         loss_rows=None,
         *,
         loss_fn: LossFn | None = None,
+        router: RouterStats | None = None,
         **attention_kwargs,
     ):
         """Summed loss of the row, by `loss_fn` when given, else by the model's own. The
         training loop passes what the collator built on the host (`loss_rows`, and the sample
         boundaries as `attention.attention_kwargs`), so the forward needs no host sync; without
-        them, boundaries are found from the position ids."""
+        them, boundaries are found from the position ids. With `router` (training a mixture of
+        experts), the router's auxiliary term is added as the family defines it and the
+        routing is recorded there (`models/moe.py`)."""
         if loss_fn is None:
             loss_fn = self.loss_fn
         if loss_fn is None:
@@ -93,14 +97,19 @@ class CausalLMWithLoss(nn.Module):
             # Sample bounds once per micro-batch, not once per layer.
             bounds = [packed_attention.segment_bounds(row) for row in position_ids]
             attention_kwargs = {"packed_bounds": bounds}
-        hidden = self.model.get_decoder()(
+        if router is not None:  # a mixture of experts in training: its routing is recorded
+            attention_kwargs = {**attention_kwargs, "output_router_logits": True}
+        out = self.model.get_decoder()(
             input_ids=input_ids, position_ids=position_ids, use_cache=False, **attention_kwargs
-        ).last_hidden_state
+        )
         head = self.model.get_output_embeddings()
-        return loss_fn(
-            hidden.flatten(0, 1), head.weight, target_ids.flatten(), rows=loss_rows,
+        loss = loss_fn(
+            out.last_hidden_state.flatten(0, 1), head.weight, target_ids.flatten(), rows=loss_rows,
             bias=head.bias, logit_scale=self.head.logit_scale, softcap=self.head.softcap,
         )  # fmt: skip
+        if router is not None:
+            loss = loss + router.add(out.router_logits, (target_ids != -100).sum())
+        return loss
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
