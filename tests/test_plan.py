@@ -21,6 +21,7 @@ from mini_trainer.plan.inputs import Cluster, load_config, make_plan, training_a
 FIXTURES = Path(__file__).parent / "fixtures" / "plan"
 LLAMA_8B = FIXTURES / "llama-3.1-8b"
 LLAMA_70B = FIXTURES / "llama-3.1-70b"
+MIXTRAL = FIXTURES / "mixtral-8x7b"
 
 
 def meta(model_dir: Path, *flags: str, world: int = 1):
@@ -43,6 +44,30 @@ def test_llama_8b_counts_match_the_published_size():
     expected_shard = sum(planned.shard_elements(p, 8) for p in meta(LLAMA_8B)[0].parameters())
     assert counts.shard_params == expected_shard
     assert counts.decay_groups["no_decay"] == 65 * 4096  # the norms only
+
+
+def test_mixtral_counts_its_total_and_active_parameters_as_published():
+    _, _, counts = meta(MIXTRAL, world=8)
+    assert counts.total_params == 46_702_792_704  # Mixtral 8x7B: "46.7B total"
+    assert counts.expert_params == 32 * 8 * 3 * 4096 * 14336
+    assert counts.active_params == 12_879_925_248  # "12.9B active" (2 of 8 experts)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_plan_answers_for_every_family(device, tmp_path):
+    """Every supported family's tiny model: a plan, no traceback; the active parameters of a
+    mixture of experts are fewer than its total, a dense model's are its total."""
+    from families import FAMILIES, build_model
+
+    for family in FAMILIES:
+        folder = tmp_path / family.name
+        build_model(family.name).config.save_pretrained(folder)
+        cluster = Cluster(1, 2, 80.0, device)
+        plan = make_plan(str(folder), None, cluster, ["--max-tokens-per-gpu", "64"])
+        params = plan["parameters"]
+        moe = family.name in ("gpt_oss", "mixtral", "qwen3_moe", "deepseek_v3", "granitemoe")
+        assert (params["active"] < params["total"]) == moe, family.name
+        assert plan["per_gpu"]["peak_bytes"] > 0
 
 
 def test_osft_counts_follow_the_ranks_the_method_keeps(demo_model):

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from transformers import AttentionInterface
+from transformers.integrations import moe as moe_integration
 
 from mini_trainer.training.attention import (
     PER_SAMPLE_NAME,
@@ -125,6 +126,11 @@ def trace(wrapped: nn.Module, tokens: int, compute_dtype: torch.dtype, cuda: boo
     # the path training takes on this device, a GPU with flash-attn assumed
     per_sample = choose_attention(cuda, True, True, attention_needs(model)) == PER_SAMPLE_NAME
     config._attn_implementation = NAME_CPU if per_sample else NAME_CUDA
+    # grouped_mm has no fp32 meta kernel: a mixture of experts' fp32 (CPU) run is traced
+    # through transformers' own fallback op (its fake kernel; it saves what grouped_mm saves)
+    grouped_mm_check = moe_integration._can_use_grouped_mm
+    if compute_dtype != torch.bfloat16:
+        moe_integration._can_use_grouped_mm = lambda *args: False
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     per_layer: dict[int, dict[int, int]] = {}
     current = [-1]
@@ -181,6 +187,7 @@ def trace(wrapped: nn.Module, tokens: int, compute_dtype: torch.dtype, cuda: boo
             handle.remove()
         decoder.layers = original
         config._attn_implementation = saved_attention
+        moe_integration._can_use_grouped_mm = grouped_mm_check
         for layer, flag in zip(layers, saved_checkpointing, strict=True):
             layer.gradient_checkpointing = flag
         if compute_dtype != torch.float32:

@@ -135,6 +135,8 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         "parameters": {
             "total": counts.total_params,
             "trainable": counts.trainable_params,
+            "expert": counts.expert_params,
+            "active": counts.active_params,
             "per_gpu_shard": counts.shard_params,
             "fsdp_units": len(counts.units),
             "optimizer_groups": counts.decay_groups,

@@ -19,6 +19,7 @@ from torch import nn
 
 from mini_trainer.errors import UserError
 from mini_trainer.method import FullFineTuning, MethodContext
+from mini_trainer.models.moe import active_fraction, expert_parameters
 from mini_trainer.osft.method import OSFT
 from mini_trainer.osft.targets import layer_index
 from mini_trainer.training.loss import chunked_linear_cross_entropy
@@ -62,6 +63,11 @@ class Counts:
     """fp32 elements of the full thin SVDs of every target (the osft-svd cache)."""
     dense_params: int = 0
     """Elements of the exported Hugging Face weights (OSFT targets as dense again)."""
+    expert_params: int = 0
+    """Of total_params: the routed experts' (a mixture of experts; 0 for a dense model)."""
+    active_params: int = 0
+    """The parameters one token uses: all but the routed experts, and top_k / experts of
+    those (every expert is still trained, sharded and stored)."""
 
     @property
     def layer_units(self) -> list[Unit]:
@@ -159,6 +165,9 @@ def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts
         )
         + sum(t.rows * t.cols for t in targets.values() if t.factorized)
     )
+    counts.expert_params = expert_parameters(wrapped)
+    fraction = active_fraction(wrapped.model)
+    counts.active_params = counts.total_params - round(counts.expert_params * (1 - fraction))
     return counts
 
 

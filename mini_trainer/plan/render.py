@@ -9,12 +9,23 @@ def _gib(value: float) -> str:
     return f"{value / GIB:,.2f} GiB"
 
 
+def _active(params: dict) -> str:
+    """A mixture of experts' parameters per token, beside its total."""
+    if not params.get("expert"):
+        return ""
+    return (
+        f", {params['active'] / 1e9:.2f}B active per token "
+        f"({params['expert'] / 1e9:.2f}B in routed experts)"
+    )
+
+
 def table(plan: dict) -> str:
     cluster, training, gpu = plan["cluster"], plan["training"], plan["per_gpu"]
     params = plan["parameters"]
     out = [
         f"plan: {plan['model']} ({plan['model_type']}, {params['total'] / 1e9:.2f}B parameters, "
-        f"{params['trainable'] / 1e9:.2f}B trainable, {params['fsdp_units']} FSDP2 units)",
+        f"{params['trainable'] / 1e9:.2f}B trainable{_active(params)}, "
+        f"{params['fsdp_units']} FSDP2 units)",
         f"cluster: {cluster['nodes']} x {cluster['gpus_per_node']} {cluster['device']} "
         f"(world {cluster['world_size']}), {cluster['gpu_memory_gib']:g} GiB each; "
         f"--max-tokens-per-gpu {training['max_tokens_per_gpu']}"

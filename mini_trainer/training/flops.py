@@ -3,7 +3,8 @@
 FLOPs of one training step (forward + backward = 3 forwards), counting matmuls only:
 - `6 * N * tokens`, N = the parameters that take part in a matmul: the weight matrices but the
   input embedding (a lookup); a tied LM head counts once, as the output projection (norm gains
-  and biases are elementwise, not counted). A layer stored otherwise than as its dense weight
+  and biases are elementwise, not counted); a mixture of experts' routed experts count the
+  share a token uses, top_k / experts. A layer stored otherwise than as its dense weight
   (OSFT's factorized linear: W_high, low factors, bases) says what it stands for
   (`dense_weight_numel`), so MFU counts the same model FLOPs for every method;
 - causal attention, per layer and per sample of s tokens: QK^T and AV over the s^2/2 visible
@@ -37,6 +38,8 @@ import re
 from dataclasses import dataclass
 
 from torch import nn
+
+from mini_trainer.models.moe import active_fraction
 
 log = logging.getLogger("mini_trainer")
 
@@ -76,10 +79,17 @@ def peak_flops(device_name: str | None) -> float | None:
 
 def matmul_params(model: nn.Module) -> int:
     """Elements of the weight matrices (not norms, biases), each shared one once; a module with
-    `dense_weight_numel` counts that instead of its own parameters."""
+    `dense_weight_numel` counts that instead of its own parameters; a mixture of experts'
+    routed experts count top_k / experts of theirs (what one token multiplies)."""
     seen: set[int] = set()
     total = 0
-    for module in model.modules():
+    fraction = active_fraction(model) if hasattr(model, "config") else 1.0
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] == "experts":
+            experts = [p for p in module.parameters() if p.dim() >= 2 and id(p) not in seen]
+            seen.update(map(id, experts))
+            total += round(sum(p.numel() for p in experts) * fraction)
+            continue
         own = list(module.parameters(recurse=False))
         dense = getattr(module, "dense_weight_numel", None)
         if dense is not None:
