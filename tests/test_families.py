@@ -176,3 +176,14 @@ def test_training_a_mixture_of_experts_logs_its_routing(demo_dir, tmp_path):
             out = model(input_ids=ids, labels=labels, use_cache=False, output_router_logits=False)
             total, count = total + out.loss.item() * n, count + n
     assert rows[0]["loss"] == pytest.approx(total / count, rel=1e-5)
+
+
+def test_the_docs_table_is_generated_from_the_family_list():
+    import importlib.util
+
+    path = REPO_ROOT / "scripts" / "families_table.py"
+    spec = importlib.util.spec_from_file_location("families_table", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    doc = script.DOC.read_text()
+    assert script.with_table(doc, script.table()) == doc, "run scripts/families_table.py --write"

@@ -46,7 +46,7 @@ def osft_args(tmp_path, **overrides) -> SimpleNamespace:
 def adapted(model_source, args):
     """(method, model): `model_source`'s architecture adapted by OSFT, loaded with its weights."""
     method = OSFT(args)
-    model = LlamaForCausalLM(model_source.config)
+    model = type(model_source)(model_source.config)
     method.adapt_model(model)
     model.load_state_dict(method.convert_weights(model_source.state_dict()), strict=True)
     return method, model
@@ -199,6 +199,36 @@ def test_frozen_subspace_is_held_after_50_adamw_steps_and_export_gives_the_same_
 
     # The exported dense weights give the factorized model's logits.
     dense = LlamaForCausalLM(source.config)
+    dense.load_state_dict(after)
+    ids = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(dense(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "family, targets",
+    [("phi3", 8), ("gemma2", 14), ("gpt_oss", 8), ("mixtral", 8), ("deepseek_v3", 16)],
+)
+def test_osft_on_other_families_holds_the_frozen_subspace(family, targets, tmp_path):
+    """Fused qkv/gate_up (Phi-3), soft-capped attention (Gemma 2), sinks and biased experts
+    (gpt-oss), routed experts (Mixtral), MLA and a shared expert (DeepSeek-V3): the default
+    targets, 10 AdamW steps, no update in the frozen subspace, export gives the same logits."""
+    from families import build_model
+
+    source = build_model(family)
+    method, model = adapted(source, osft_args(tmp_path))
+    assert len(method.targets) == targets
+    assert not any(".gate." in name or "router" in name for name in method.targets)
+    before = method.export_weights(model.state_dict())
+    train_steps(method, model, 10, weight_decay=0.1)
+    after = method.export_weights(model.state_dict())
+    for name, target in method.targets.items():
+        u, _, v = svd.thin_svd(source.state_dict()[f"{name}.weight"], torch.device("cpu"))
+        u_k, v_k = u[:, : target.frozen].double(), v[:, : target.frozen].double()
+        delta = (after[f"{name}.weight"] - before[f"{name}.weight"]).double()
+        assert (u_k.T @ delta).norm() < 1e-5 * delta.norm(), name
+        assert (delta @ v_k).norm() < 1e-5 * delta.norm(), name
+    dense = type(source)(source.config)
     dense.load_state_dict(after)
     ids = torch.randint(0, 64, (2, 10))
     with torch.no_grad():

@@ -2,9 +2,11 @@
 
 Targets are the 2-D weights of `nn.Linear` modules inside the decoder layers. By default they are
 picked by the module's own name (q/k/v/o and gate/up/down projections in Llama, Qwen and Mistral;
-the fused or differently named projections of other families); `--osft-target-patterns` replaces
-the default with substrings of parameter names. Embeddings, norms and the LM head are never
-targets: they live outside the decoder layers.
+the fused or differently named projections of other families; DeepSeek-V3's MLA projections and
+shared experts). Routers are never targets (in transformers 5 they are router modules, not
+`nn.Linear`), and neither are routed experts, whose fused 3-D weights are not linear modules.
+`--osft-target-patterns` replaces the default with substrings of parameter names. Embeddings,
+norms and the LM head are never targets: they live outside the decoder layers.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ DEFAULT_MODULE_NAMES = (
     # Phi-3 (fused), GPT-NeoX / Falcon / Bloom, OPT / GPT-J / BART, StarCoder2, DBRX
     "qkv_proj", "gate_up_proj", "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h",
     "out_proj", "fc1", "fc2", "fc_in", "fc_out", "c_fc", "c_proj", "Wqkv", "w1", "w2", "w3",
+    # DeepSeek-V3's MLA: low-rank query and key/value projections
+    "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj",
 )  # fmt: skip
 """Last component of a linear module's name that makes it a default target."""
 
