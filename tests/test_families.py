@@ -187,3 +187,36 @@ def test_the_docs_table_is_generated_from_the_family_list():
     spec.loader.exec_module(script)
     doc = script.DOC.read_text()
     assert script.with_table(doc, script.table()) == doc, "run scripts/families_table.py --write"
+
+
+UNSUPPORTED = {
+    "t5": ("T5Config", "not a causal language model"),
+    "mamba": ("MambaForCausalLM", "mixes tokens without attention"),
+    "jamba": ("JambaForCausalLM", "mixes tokens without attention"),
+    "gemma3": ("Gemma3Config", "a multimodal model"),
+    "falcon": ("FalconForCausalLM", "does not take a registered implementation"),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(UNSUPPORTED))
+def test_a_model_that_cannot_be_trained_exactly_is_refused_in_one_line(model_type, tmp_path):
+    """Through `plan` (the cheapest command that builds the model): exit 2, one line naming
+    the model class and what it lacks, no traceback."""
+    import transformers as tf
+    from helpers import run_cli
+
+    small = {"vocab_size": 97, "hidden_size": 32, "num_hidden_layers": 2}
+    config = {
+        "t5": lambda: tf.T5Config(vocab_size=97, d_model=32, num_layers=2, num_heads=4),
+        "mamba": lambda: tf.MambaConfig(**small),
+        "jamba": lambda: tf.JambaConfig(**small, num_attention_heads=4, num_experts=4),
+        "gemma3": lambda: tf.Gemma3Config(text_config={**small, "num_attention_heads": 4}),
+        "falcon": lambda: tf.FalconConfig(**small, num_attention_heads=4),
+    }[model_type]()
+    config.save_pretrained(tmp_path)
+    result = run_cli("plan", "--model", tmp_path, "--gpus-per-node", "1",
+                     "--gpu-memory-gib", "80", "--max-tokens-per-gpu", "64")  # fmt: skip
+    name, reason = UNSUPPORTED[model_type]
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and name in lines[0] and reason in lines[0], result.stderr

@@ -20,6 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext
+from mini_trainer.models import support
 from mini_trainer.models.loading import load_sharded_weights
 from mini_trainer.models.moe import RouterStats
 from mini_trainer.training import packed_attention
@@ -141,9 +142,21 @@ def meta_model(
 ) -> CausalLMWithLoss:
     """The training model on the meta device (no memory): adapted by the method (told about the
     run by `context`), activation checkpointing set, wrapped with the loss. Also what
-    `mini-trainer plan` counts from."""
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    `mini-trainer plan` counts from. A model that cannot be trained exactly in packed rows is
+    refused here, in one line (`models/support.py`)."""
+    support.check_config(config)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    except KeyError as error:
+        refused = support.attention_refused(
+            type(config).__name__.replace("Config", "ForCausalLM"), error,
+            config._attn_implementation,
+        )  # fmt: skip
+        if refused is None:
+            raise
+        raise refused from None
+    support.check_model(model, decoder_layers(model))
     method.adapt_model(model, context)
     if activation_checkpointing:
         model.activation_checkpointing_enable(
