@@ -1,6 +1,7 @@
 """The Python parts of `benchmarks/gpu_check.sh` (see there); each writes one JSON file.
 
     python benchmarks/gpu_check.py attention  --out F.json [--cpu-dry-run]
+    python benchmarks/gpu_check.py families   --out F.json [--cpu-dry-run]
     python benchmarks/gpu_check.py throughput --out F.json [--cpu-dry-run]
     python benchmarks/gpu_check.py training   --out F.json --run DIR      (metrics.jsonl summary)
     python benchmarks/gpu_check.py summarize  --out F.json --parts DIR    (one JSON, one table)
@@ -137,6 +138,53 @@ def check_attention(args) -> dict:
         "paths": results,
         "ok": all(r["ok"] for r in results.values()),
     }
+
+
+def check_families(args) -> dict:
+    """Every supported family (tests/families.py's tiny models) on every attention kernel this
+    machine has and the family's attention needs allow: the packed row's summed loss against
+    the fp32 eager per-sample reference (bf16 on a GPU: agreement to bf16 rounding, 2e-2)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from families import FAMILIES, build_model, samples
+
+    device, dtype = device_and_dtype(args.cpu_dry_run)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    results, ok = {}, True
+    for family in FAMILIES:
+        reference = build_model(family.name).to(device).eval()
+        batch = samples(reference.config.vocab_size)
+        with torch.no_grad():
+            expected = sum(
+                reference(
+                    input_ids=torch.tensor([s["input_ids"]], device=device),
+                    labels=torch.tensor([s["labels"]], device=device),
+                    use_cache=False,
+                ).loss.item()
+                * sum(label != -100 for label in s["labels"][1:])
+                for s in batch
+            )
+        needs = attention.attention_needs(reference)
+        results[family.name] = {}
+        for name in available_paths(device):
+            # the CPU dry run's reference varlen kernel stands for torch's varlen kernel
+            supported = attention.KERNEL_SUPPORTS.get(
+                name, attention.KERNEL_SUPPORTS[attention.VARLEN_NAME]
+            )
+            if name != attention.PER_SAMPLE_NAME and not needs <= supported:
+                continue  # choose_attention never gives this kernel to this family
+            model = build_model(family.name).to(device, dtype).eval()
+            model.set_attn_implementation(name)
+            wrapped = CausalLMWithLoss(model, chunked_linear_cross_entropy)
+            micro = collate_packed(batch, 1).to(device)
+            with torch.no_grad():
+                got = wrapped(
+                    micro.input_ids, micro.position_ids, micro.target_ids,
+                    loss_rows=micro.loss_rows, **attention.attention_kwargs(name, micro),
+                ).item()  # fmt: skip
+            rel = abs(got - expected) / abs(expected)
+            results[family.name][name] = rel
+            ok = ok and rel <= tolerance
+    return {"ok": ok, "tolerance": tolerance, "dtype": str(dtype), "families": results}
 
 
 def _row(micro, device):
@@ -315,6 +363,13 @@ def summarize(args) -> dict:
 
 def _detail(part) -> str:
     result = part.get("result") or {}
+    if "families" in result:
+        worst = max(
+            (rel, f"{family}/{path}")
+            for family, paths in result["families"].items()
+            for path, rel in paths.items()
+        )
+        return f"{len(result['families'])} families, worst rel {worst[0]:.1e} ({worst[1]})"
     if "paths" in result:
         return ", ".join(
             f"{n}: rel {r['rel_diff']:.1e} {r['fwd_bwd_s'] * 1e3:.0f} ms"
@@ -339,7 +394,9 @@ def _detail(part) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("part", choices=("attention", "throughput", "training", "summarize"))
+    parser.add_argument(
+        "part", choices=("attention", "families", "throughput", "training", "summarize")
+    )
     parser.add_argument("--out", required=True)
     parser.add_argument("--run")
     parser.add_argument("--parts")
@@ -348,13 +405,14 @@ def main() -> None:
     torch.set_num_threads(min(8, os.cpu_count() or 1))
     work = {
         "attention": check_attention,
+        "families": check_families,
         "throughput": throughput,
         "training": training_summary,
         "summarize": summarize,
     }[args.part]
     result = work(args)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    if args.part == "attention" and not result["ok"]:
+    if args.part in ("attention", "families") and not result["ok"]:
         sys.exit(1)
 
 

@@ -9,6 +9,9 @@
 #                   (on a GPU machine they run with CUDA visible)
 #   attention       every packed-attention path that imports (flash-attn, torch varlen,
 #                   per-sample sdpa): packed == each sample alone, and one forward+backward time
+#   families        every supported family's tiny model (tests/families.py) on every kernel
+#                   its attention needs allow (windows, soft-caps, sinks): packed bf16 loss vs
+#                   the fp32 eager per-sample reference
 #   train_bf16      the demo training through torchrun on 1 GPU (bf16 FSDP2, the chosen
 #                   attention, prefetch): loss falls, tokens/s, MFU from metrics.jsonl
 #   train_liger     the same with --use-liger-kernels
@@ -27,7 +30,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --cpu-dry-run) DRY="--cpu-dry-run"; shift ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -78,6 +81,8 @@ run_part tests "$T_TESTS" "$PY" -m pytest -q -x -p no:cacheprovider \
   tests/test_batching_collator.py tests/test_prefetch.py tests/test_flops.py
 
 run_part attention "$T_ATTN" "$PY" benchmarks/gpu_check.py attention --out "$PARTS/attention.json" $DRY
+
+run_part families "$T_ATTN" "$PY" benchmarks/gpu_check.py families --out "$PARTS/families.json" $DRY
 
 run_part demo_assets "$T_DEMO" "$PY" -m mini_trainer demo-assets --out "$WORK/demo"
 
