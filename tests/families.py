@@ -232,3 +232,37 @@ def worst_errors(got: dict, want: dict, shown: int = 3) -> list[tuple[str, float
               for key in want}  # fmt: skip
     errors.update({key: float("inf") for key in set(got) - set(want)})
     return sorted(errors.items(), key=lambda kv: -kv[1])[:shown]
+
+
+FP4_VALUES = [
+    0.0,
+    0.5,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    4.0,
+    6.0,
+    -0.0,
+    -0.5,
+    -1.0,
+    -1.5,
+    -2.0,
+    -3.0,
+    -4.0,
+    -6.0,
+]
+
+
+def mxfp4_quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 as gpt-oss checkpoints store it, along the last dimension: (blocks [..., n/32, 16]
+    uint8, two 4-bit codes per byte, the even element in the low nibble; scales [..., n/32]
+    uint8, a power-of-two exponent + 127 per 32 values). Round to nearest; a test's stand-in
+    for OpenAI's quantizer (which needs triton)."""
+    groups = weight.float().reshape(*weight.shape[:-1], -1, 32)
+    largest = groups.abs().amax(-1, keepdim=True).clamp_min(2.0**-100)
+    exponent = torch.floor(torch.log2(largest)) - 2  # the largest maps into [4, 8): 6 and up
+    codes = (groups / 2.0**exponent).unsqueeze(-1) - torch.tensor(FP4_VALUES)
+    codes = codes.abs().argmin(-1)
+    blocks = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return blocks, (exponent.squeeze(-1) + 127).to(torch.uint8)

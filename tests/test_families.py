@@ -220,3 +220,51 @@ def test_a_model_that_cannot_be_trained_exactly_is_refused_in_one_line(model_typ
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and name in lines[0] and reason in lines[0], result.stderr
+
+
+def test_gpt_oss_mxfp4_experts_are_dequantized_on_load_and_exported_dense(tmp_path, world_of_one):
+    """An MXFP4 checkpoint of gpt-oss (experts as `_blocks` and `_scales`, a quantization
+    config): the step equals the eager reference holding transformers' own dequantization of
+    the same bytes; the export is dense, with the dense model's keys and no quantization
+    config, and transformers reloads it to the same logits."""
+    from families import mxfp4_quantize
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    model = build_model("gpt_oss")
+    model.save_pretrained(tmp_path / "dense")
+    tensors = load_file(tmp_path / "dense" / "model.safetensors")
+    quantized = {}
+    for key, value in tensors.items():
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            blocks, scales = mxfp4_quantize(value.transpose(1, 2))  # stored (E, out, in)
+            quantized[f"{key}_blocks"], quantized[f"{key}_scales"] = blocks, scales
+            dense = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+            assert relative_error(dense, value) < 0.2  # 4-bit: close, not equal
+            with torch.no_grad():
+                model.get_parameter(key).copy_(dense)
+        else:
+            quantized[key] = value
+    folder = tmp_path / "mxfp4"
+    model.config.quantization_config = {"quant_method": "mxfp4"}
+    model.config.save_pretrained(folder)
+    del model.config.quantization_config
+    save_file(quantized, folder / "model.safetensors", metadata={"format": "pt"})
+
+    batch = samples(model.config.vocab_size)
+    want_loss, want_grads = eager_reference(model, batch)
+    wrapped, loss = sharded_step(folder, batch, world_of_one)
+    assert relative_error(loss, want_loss) <= RTOL
+    worst = worst_errors(full_grads(wrapped, 1), want_grads)
+    assert worst[0][1] <= RTOL, worst
+
+    save_hf_checkpoint(wrapped, wrapped.model.config, str(folder), tmp_path / "out", "float32",
+                       world_of_one)  # fmt: skip
+    assert _shapes(tmp_path / "out") == _shapes(tmp_path / "dense")
+    assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
+    ids = torch.tensor([batch[2]["input_ids"]])
+    with torch.no_grad():
+        want_logits = model(input_ids=ids, use_cache=False).logits
+        got_logits = reloaded.eval()(input_ids=ids, use_cache=False).logits
+    assert relative_error(got_logits, want_logits) <= RTOL

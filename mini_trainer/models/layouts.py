@@ -10,6 +10,12 @@ own conversion objects (no table is kept here), to a stream: the checkpoint's ke
 the parameter they become, and each group is read, converted and handed on alone, so the loader
 still holds one parameter's worth of tensors at a time (all experts of one layer's projection).
 
+gpt-oss checkpoints as OpenAI publishes them hold the experts in MXFP4 (`..._blocks`: two 4-bit
+values per byte, `..._scales`: one power-of-two exponent per 32 values); each pair is
+dequantized to fp32 with transformers' own `convert_moe_packed_tensors` into the model's dense
+parameter. Export writes such a model dense (`--save-dtype`), with no `quantization_config`:
+re-quantizing to MXFP4 is not done.
+
 Keys here are the Hugging Face model's own (`model.layers.0...`, `lm_head.weight`).
 """
 
@@ -28,6 +34,9 @@ from transformers.core_model_loading import (
     rename_source_key,
     revert_weight_conversion,
 )
+from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
 
 
 @dataclass
@@ -39,8 +48,10 @@ class LoadGroup:
     sources: list[str]
     """Checkpoint keys, in transformers' order (experts 0, 1, ..., 10 numerically)."""
     pattern: str | None = None
-    """The converter's source pattern each source matched; None: a plain rename."""
+    """The converter's source pattern each source matched; None: a plain rename, or MXFP4."""
     patterns: list[str] | None = None
+    mxfp4: bool = False
+    """`sources` are an MXFP4 (blocks, scales) pair of the dense `target`."""
 
 
 class CheckpointLayout:
@@ -72,7 +83,13 @@ class CheckpointLayout:
         """The checkpoint's keys grouped by the model tensor they become, in checkpoint order
         of each group's first key. A key no table touches is a group of its own."""
         groups: dict[str, LoadGroup] = {}
+        present = set(checkpoint_keys)
         for key in sorted(checkpoint_keys, key=dot_natural_key):
+            stem = key.removesuffix(MXFP4_BLOCKS).removesuffix(MXFP4_SCALES)
+            pair = (stem + MXFP4_BLOCKS, stem + MXFP4_SCALES)
+            if stem != key and stem in self.model_keys and set(pair) <= present:
+                groups.setdefault(stem, LoadGroup(stem, list(pair), mxfp4=True))
+                continue
             renamed, pattern = rename_source_key(
                 key, self.renamings, self.converters, self._prefix(), self.model_keys
             )
@@ -90,6 +107,10 @@ class CheckpointLayout:
         self, group: LoadGroup, tensors: dict[str, torch.Tensor]
     ) -> dict[str, torch.Tensor]:
         """The model tensors of one group, from its checkpoint tensors (keyed by source)."""
+        if group.mxfp4:
+            blocks, scales = (tensors[source] for source in group.sources)
+            dense = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)
+            return {group.target: dense}
         if group.pattern is None:
             return {group.target: tensors[group.sources[0]]}
         converter = copy.deepcopy(self.by_pattern[group.pattern])

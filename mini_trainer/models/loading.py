@@ -3,11 +3,11 @@
 Rank 0 alone reads the files, one tensor at a time in its stored dtype (read straight into a
 fresh buffer, no memory map that would keep pages of the file resident), casts it to fp32,
 converts the checkpoint's layout to the model's where they differ (`layouts.py`: per-expert
-tensors into fused experts, transformers' own tables), lets the method convert it
-(`convert_weights` accepts any subset of the state), and broadcasts it; every rank copies its
-own slice into its shard. Rank 0 therefore never holds more than one model tensor (and its
-checkpoint pieces) beyond its shard, whatever the model's size: no `from_pretrained` of the
-whole model.
+tensors into fused experts, transformers' own tables; gpt-oss's MXFP4 experts dequantized),
+lets the method convert it (`convert_weights` accepts any subset of the state), and broadcasts
+it; every rank copies its own slice into its shard. Rank 0 therefore never holds more than one
+model tensor (and its checkpoint pieces) beyond its shard, whatever the model's size: no
+`from_pretrained` of the whole model.
 
 Keys must match the model's state-dict keys as Hugging Face saves them (`model.layers.0...`,
 `lm_head.weight`); tied weights are loaded once; non-persistent buffers (rotary frequencies)
@@ -133,12 +133,12 @@ def _rank0_stream(model_path, convert_weights, layout: CheckpointLayout):
         yield ("error", " ".join(error.lines))
         return
     for group in layout.groups(list(entries)):
-        try:
-            read = {source: read_tensor(entries[source]).float() for source in group.sources}
+        try:  # as stored: MXFP4 bytes are decoded by the layout, the rest cast after it
+            read = {source: read_tensor(entries[source]) for source in group.sources}
         except UserError as error:
             yield ("error", " ".join(error.lines))
             return
-        dense = {PREFIX + name: t for name, t in layout.convert(group, read).items()}
+        dense = {PREFIX + name: t.float() for name, t in layout.convert(group, read).items()}
         del read
         converted = convert_weights(dense)
         del dense

@@ -84,6 +84,8 @@ def _write_hf_extras(config, model_path: str, out: Path, dtype) -> None:
     export_config = type(config).from_dict(config.to_dict())
     export_config.use_cache = True  # trained without a cache; inference wants one
     export_config.dtype = dtype
+    if hasattr(export_config, "quantization_config"):  # e.g. gpt-oss's MXFP4: written dense
+        del export_config.quantization_config
     export_config.save_pretrained(out)
     with contextlib.suppress(OSError):  # the base model may have no generation config
         GenerationConfig.from_pretrained(model_path).save_pretrained(out)
