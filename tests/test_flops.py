@@ -70,3 +70,23 @@ def test_osft_counts_the_dense_model_flops_it_stands_for(tmp_path):
     stored = sum(p.numel() for p in adapted.parameters() if p.dim() >= 2)
     assert stored > 1.5 * sum(p.numel() for p in dense.parameters() if p.dim() >= 2)
     assert ModelFlops.of(adapted, None) == ModelFlops.of(dense, None)
+
+
+def test_routed_experts_count_the_share_a_token_uses_and_osft_keeps_the_count(tmp_path):
+    """Mixtral with 2 of 4 experts: the experts' matrices count half; an OSFT-factorized copy
+    (experts and linears stood in for by their factors) counts the same as the dense model."""
+    from families import build_model
+    from test_osft import adapted
+
+    from mini_trainer.training.flops import matmul_params
+
+    model = build_model("mixtral")
+    experts = sum(
+        p.numel() for n, p in model.named_parameters() if ".experts." in n and p.dim() == 3
+    )
+    dense = sum(
+        p.numel() for n, p in model.named_parameters() if p.dim() == 2 and ".experts." not in n
+    )
+    assert matmul_params(model) == dense + experts // 2
+    _, factorized = adapted(model, osft_args(tmp_path))
+    assert matmul_params(factorized) == matmul_params(model)

@@ -207,12 +207,13 @@ def test_frozen_subspace_is_held_after_50_adamw_steps_and_export_gives_the_same_
 
 @pytest.mark.parametrize(
     "family, targets",
-    [("phi3", 8), ("gemma2", 14), ("gpt_oss", 8), ("mixtral", 8), ("deepseek_v3", 16)],
+    [("phi3", 8), ("gemma2", 14), ("gpt_oss", 12), ("mixtral", 12), ("deepseek_v3", 18)],
 )
 def test_osft_on_other_families_holds_the_frozen_subspace(family, targets, tmp_path):
     """Fused qkv/gate_up (Phi-3), soft-capped attention (Gemma 2), sinks and biased experts
     (gpt-oss), routed experts (Mixtral), MLA and a shared expert (DeepSeek-V3): the default
-    targets, 10 AdamW steps, no update in the frozen subspace, export gives the same logits."""
+    targets (every routed expert's matrix among them), 10 AdamW steps, no update in any
+    frozen subspace (each expert's its own), export gives the same logits."""
     from families import build_model
 
     source = build_model(family)
@@ -222,11 +223,18 @@ def test_osft_on_other_families_holds_the_frozen_subspace(family, targets, tmp_p
     before = method.export_weights(model.state_dict())
     train_steps(method, model, 10, weight_decay=0.1)
     after = method.export_weights(model.state_dict())
+    assert (
+        sum(t.experts > 0 for t in method.targets.values())
+        == targets
+        - {"phi3": 8, "gemma2": 14, "gpt_oss": 8, "mixtral": 8, "deepseek_v3": 16}[family]
+    )
     for name, target in method.targets.items():
-        u, _, v = svd.thin_svd(source.state_dict()[f"{name}.weight"], torch.device("cpu"))
-        u_k, v_k = u[:, : target.frozen].double(), v[:, : target.frozen].double()
-        delta = (after[f"{name}.weight"] - before[f"{name}.weight"]).double()
-        assert (u_k.T @ delta).norm() < 1e-5 * delta.norm(), name
+        key = name if target.experts else f"{name}.weight"
+        u, _, v = svd.thin_svd(source.state_dict()[key], torch.device("cpu"))
+        u_k, v_k = u[..., : target.frozen].double(), v[..., : target.frozen].double()
+        delta = (after[key] - before[key]).double()
+        assert delta.norm() > 1e-3 * before[key].norm(), f"{name} did not train"
+        assert (u_k.mT @ delta).norm() < 1e-5 * delta.norm(), name
         assert (delta @ v_k).norm() < 1e-5 * delta.norm(), name
     dense = type(source)(source.config)
     dense.load_state_dict(after)
@@ -345,6 +353,28 @@ def test_cache_hit_gives_the_fresh_svd_for_any_ratio(tmp_path, saved_model):
     with pytest.raises(UserError, match="already exists"):
         build_cache(tmp_path / "model", tmp_path / "cache", None, force=False)
     build_cache(tmp_path / "model", tmp_path / "cache", None, force=True)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss"])
+def test_the_svd_cache_covers_fused_experts_from_per_expert_checkpoints(family, tmp_path):
+    """Mixtral's checkpoint holds one tensor per expert, gpt-oss's fused ones: osft-svd reads
+    both in the model's layout, stores every expert's SVD, and training from the cache gives
+    the fresh SVD's parameters exactly."""
+    from families import build_model
+
+    source = build_model(family)
+    source.save_pretrained(tmp_path / "model")
+    meta = build_cache(tmp_path / "model", tmp_path / "cache", None, force=False)
+    experts = {n: t for n, t in meta["targets"].items() if len(t["shape"]) == 3}
+    assert len(experts) == 4 and all(t["shape"][0] == 4 for t in experts.values())
+    states = []
+    for cache_dir in (None, str(tmp_path / "cache")):
+        _, model = adapted(source, osft_args(tmp_path, osft_svd_cache=cache_dir))
+        states.append(model.state_dict())
+    assert states[0].keys() == states[1].keys()
+    assert any(key.endswith("experts.gate_up_proj.U_low") for key in states[0])
+    for key in states[0]:
+        torch.testing.assert_close(states[1][key], states[0][key], rtol=0, atol=0, msg=key)
 
 
 def _open(tmp_path, cache_dir, patterns=None, model="model"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -35,6 +36,9 @@ from transformers.core_model_loading import (
     revert_weight_conversion,
 )
 from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+from mini_trainer.errors import UserError
+from mini_trainer.models.safetensors_file import checkpoint_tensors, read_tensor
 
 MXFP4_BLOCKS, MXFP4_SCALES = "_blocks", "_scales"
 
@@ -127,3 +131,28 @@ class CheckpointLayout:
 
     def _prefix(self) -> str | None:
         return getattr(self.model, "base_model_prefix", None) or None
+
+
+def read_model_tensors(model_dir: Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """The named model tensors of a checkpoint folder (the model's own names), converted from
+    the checkpoint's layout where it differs, one group at a time; a name no group gives is one
+    line naming the folder. For readers outside training (the OSFT SVD cache)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    entries = checkpoint_tensors(model_dir)
+    wanted = [name for name in names if name not in entries]
+    out = {name: read_tensor(entries[name]) for name in names if name in entries}
+    if not wanted:
+        return out
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    layout = CheckpointLayout(model)
+    for group in layout.groups(list(entries)):
+        if group.target not in wanted:
+            continue
+        read = {source: read_tensor(entries[source]) for source in group.sources}
+        out.update({k: v for k, v in layout.convert(group, read).items() if k in wanted})
+    missing = [name for name in wanted if name not in out]
+    if missing:
+        raise UserError(f"{model_dir}: weight {missing[0]} not found in the safetensors files")
+    return {name: out[name] for name in names}

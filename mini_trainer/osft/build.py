@@ -25,7 +25,8 @@ from mini_trainer.distributed.runtime import broadcast_object, init_runtime
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import publish_dir, temp_sibling
 from mini_trainer.osft import cache, svd
-from mini_trainer.osft.targets import candidate_linears, select_targets
+from mini_trainer.osft.experts import expert_weights
+from mini_trainer.osft.targets import candidate_linears, layer_index, select_targets
 
 log = logging.getLogger("mini_trainer")
 PART_BYTES = 1024**3
@@ -33,7 +34,8 @@ PART_BYTES = 1024**3
 
 
 def model_targets(model_dir: Path, patterns: list[str] | None) -> dict[str, tuple[int, int]]:
-    """Target module name -> weight shape (rows, cols), read from the config alone."""
+    """Target module name -> weight shape (rows, cols; experts, rows, cols for a fused experts
+    weight), read from the config alone."""
     try:
         config = AutoConfig.from_pretrained(model_dir)
     except (OSError, ValueError) as error:
@@ -41,8 +43,14 @@ def model_targets(model_dir: Path, patterns: list[str] | None) -> dict[str, tupl
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     linears = candidate_linears(model)
-    chosen = select_targets(list(linears), patterns)
-    return {name: (linears[name].out_features, linears[name].in_features) for name in chosen}
+    experts = expert_weights(model)
+    chosen = select_targets([*linears, *experts], patterns)
+    chosen.sort(key=layer_index)  # the order training adapts them in (osft/method.py)
+    return {
+        name: experts[name] if name in experts else
+        (linears[name].out_features, linears[name].in_features)
+        for name in chosen
+    }  # fmt: skip
 
 
 def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: bool) -> dict:
@@ -61,7 +69,8 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
             tmp = temp_sibling(out, is_dir=True)
         tmp = broadcast_object(tmp, runtime) if runtime else tmp
         started = time.perf_counter()
-        mine = _factorize(model_dir, list(targets)[rank::world], tmp, rank)
+        names = list(targets)[rank::world]
+        mine = _factorize(model_dir, {name: targets[name] for name in names}, tmp, rank)
         gathered = [mine]
         if runtime:
             gathered = [None] * world
@@ -84,7 +93,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
             dist.destroy_process_group()
 
 
-def _factorize(model_dir: Path, names: list[str], folder: Path, rank: int) -> dict:
+def _factorize(model_dir: Path, names: dict[str, tuple], folder: Path, rank: int) -> dict:
     """SVD of this rank's targets into its own files; (files, target -> file, digests)."""
     files, where, digests = {}, {}, {}
     part: dict[str, torch.Tensor] = {}
@@ -102,8 +111,8 @@ def _factorize(model_dir: Path, names: list[str], folder: Path, rank: int) -> di
         part.clear()
 
     device = svd.svd_device()
-    for module in names:
-        weight_name = f"{module}.weight"
+    for module, shape in names.items():
+        weight_name = cache.weight_key(module, shape)
         weight = cache.read_weights(model_dir, [weight_name])[weight_name]
         digests[weight_name] = cache.tensor_digest(weight_name, weight)
         u, s, v = svd.thin_svd(weight, device)
@@ -129,7 +138,7 @@ def _meta(model_dir: Path, patterns, targets: dict, gathered: list[dict]) -> dic
         "patterns": patterns,
         "dtype": "float32",
         "targets": {
-            name: {"shape": list(shape), "rank": min(shape), "file": where[name]}
+            name: {"shape": list(shape), "rank": min(shape[-2:]), "file": where[name]}
             for name, shape in targets.items()
         },
         "files": dict(sorted(files.items())),

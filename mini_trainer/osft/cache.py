@@ -2,7 +2,10 @@
 
 Layout of DIR:
 - `factors-<rank>-<part>.safetensors`: for every target module M, fp32 `M.U` (rows x r), `M.S`
-  (r) and `M.V` (cols x r): the full thin SVD, so one cache serves any unfreeze ratio.
+  (r) and `M.V` (cols x r): the full thin SVD, so one cache serves any unfreeze ratio. A
+  mixture of experts' fused weight M (E x rows x cols) has every expert's SVD, stacked
+  (E x rows x r, E x r, E x cols x r); its weight is read in the model's layout
+  (`models/layouts.py`: per-expert checkpoint tensors fused, MXFP4 dequantized) and hashed so.
 - `meta.json`: format, source model, the content hash of the targeted weights, the patterns and
   targets with their shapes, every file's size and sha256, dtype, library versions.
 
@@ -25,10 +28,10 @@ from torch import Tensor
 from mini_trainer import __version__
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import file_sha256
+from mini_trainer.models.layouts import read_model_tensors
 from mini_trainer.models.safetensors_file import (
     TensorEntry,
     checkpoint_tensors,
-    read_tensor,
     read_tensors,
 )
 
@@ -47,12 +50,19 @@ def _entries(model_dir: Path, names: list[str]) -> dict[str, TensorEntry]:
     return entries
 
 
-def check_target_weights(model_dir: Path, targets: dict[str, tuple[int, int]]) -> None:
-    """Every target's weight is in the safetensors files with the shape the config gives it
-    (headers only): a config that does not fit its weights is refused before any SVD, in the
-    words the model loader uses for the same problem."""
-    entries = _entries(model_dir, [f"{module}.weight" for module in targets])
-    for module, shape in targets.items():
+def weight_key(name: str, shape: tuple[int, ...]) -> str:
+    """A target's dense weight: `<module>.weight`, or a fused experts parameter's own name."""
+    return name if len(shape) == 3 else f"{name}.weight"
+
+
+def check_target_weights(model_dir: Path, targets: dict[str, tuple[int, ...]]) -> None:
+    """Every linear target's weight is in the safetensors files with the shape the config gives
+    it (headers only): a config that does not fit its weights is refused before any SVD, in
+    the words the model loader uses for the same problem. Fused experts weights, stored in
+    another layout, are checked when they are read."""
+    linears = {module: shape for module, shape in targets.items() if len(shape) == 2}
+    entries = _entries(model_dir, [f"{module}.weight" for module in linears])
+    for module, shape in linears.items():
         entry = entries[f"{module}.weight"]
         if tuple(entry.shape) != tuple(shape):
             raise UserError(
@@ -62,9 +72,9 @@ def check_target_weights(model_dir: Path, targets: dict[str, tuple[int, int]]) -
 
 
 def read_weights(model_dir: Path, names: list[str]) -> dict[str, Tensor]:
-    """The named weights of `model_dir`, as stored (dtype included)."""
-    entries = _entries(model_dir, names)
-    return {name: read_tensor(entries[name]) for name in names}
+    """The named weights of `model_dir`, as stored (dtype included), or converted to the
+    model's layout (fused experts)."""
+    return read_model_tensors(model_dir, names)
 
 
 def tensor_digest(name: str, tensor: Tensor) -> str:
@@ -85,8 +95,9 @@ def combined_hash(digests: dict[str, str]) -> str:
 
 def source_hash(model_dir: Path, weight_names: list[str]) -> str:
     """The content hash of the targeted weights of `model_dir` (read one weight at a time)."""
-    entries = _entries(model_dir, weight_names)
-    digests = {name: tensor_digest(name, read_tensor(entries[name])) for name in weight_names}
+    digests = {
+        name: tensor_digest(name, read_weights(model_dir, [name])[name]) for name in weight_names
+    }
     return combined_hash(digests)
 
 
@@ -136,7 +147,7 @@ class SVDCache:
         extra = sorted(set(targets) - set(shapes))
         if extra:
             raise UserError(f"{meta_path}: targets: {extra[0]} is not a target of this model")
-        expected = source_hash(model_dir, [f"{name}.weight" for name in shapes])
+        expected = source_hash(model_dir, [weight_key(n, shape) for n, shape in shapes.items()])
         if meta.get("source_hash") != expected:
             raise UserError(
                 f"{meta_path}: source_hash: the cache was built from other weights than "

@@ -10,6 +10,9 @@
   low factors themselves, off the frozen ones (`projection.py`): the frozen subspace is held
   exactly.
 - export_weights: a target's parts become its dense weight again (W_high + U_low S_low V_lowᵀ).
+A mixture of experts' fused 3-D weight is a target too (`experts.py`): every expert's matrix
+split with the same k, its parts carrying the experts dimension; its key is the parameter's own
+name (no `.weight`).
 convert_weights and export_weights take any subset of a state dict: every target is converted
 from its own weight alone, and exported from its own parts alone.
 """
@@ -30,6 +33,7 @@ from mini_trainer.method import DESCRIPTION_FILE, MethodContext, is_no_decay, no
 from mini_trainer.osft import svd
 from mini_trainer.osft.adaptive import frozen_fraction, measure
 from mini_trainer.osft.cache import SVDCache
+from mini_trainer.osft.experts import OSFTExpertWeight, expert_weights, factorize
 from mini_trainer.osft.linear import OSFTLinear
 from mini_trainer.osft.projection import remove_frozen_components
 from mini_trainer.osft.targets import candidate_linears, layer_index, select_targets
@@ -50,6 +54,8 @@ class Target:
     cols: int
     rank: int
     frozen: int
+    experts: int = 0
+    """A fused experts weight of this many experts (each rows x cols); 0 for a linear layer."""
 
     @property
     def factorized(self) -> bool:
@@ -66,7 +72,7 @@ class OSFT:
         self.targets: dict[str, Target] = {}
         self.layers: dict[int, dict] = {}
         self.cache = None
-        self._osft_modules: list[OSFTLinear] | None = None
+        self._osft_modules: list[OSFTLinear | OSFTExpertWeight] | None = None
 
     # ------------------------------------------------------------------ model
 
@@ -74,8 +80,13 @@ class OSFT:
         if context is None:  # a lone process (tests, benchmarks): a fresh start
             context = MethodContext(None, Path(self.args.output_dir), None)
         linears = candidate_linears(model)
-        names = select_targets(list(linears), self.args.osft_target_patterns)
-        shapes = {n: (linears[n].out_features, linears[n].in_features) for n in names}
+        experts = expert_weights(model)
+        names = select_targets([*linears, *experts], self.args.osft_target_patterns)
+        names.sort(key=layer_index)  # model order by layer (stable: linears, then experts)
+        shapes = {
+            n: experts[n] if n in experts else (linears[n].out_features, linears[n].in_features)
+            for n in names
+        }
 
         def decide() -> dict[int, dict]:
             # Rank 0 measures (adaptive) and checks the cache; every rank gets the layers or the
@@ -86,11 +97,15 @@ class OSFT:
 
         self.layers = decided_on_main(decide, context.runtime)
         for name in names:
-            rows, cols = shapes[name]
+            *count, rows, cols = shapes[name]
             fraction = self.layers[layer_index(name)]["frozen_fraction"]
             rank = min(rows, cols)
-            self.targets[name] = Target(rows, cols, rank, svd.frozen_rank(rank, fraction))
+            frozen = svd.frozen_rank(rank, fraction)
+            self.targets[name] = Target(rows, cols, rank, frozen, count[0] if count else 0)
         for name, target in self.targets.items():
+            if target.experts:
+                self._adapt_experts(model, name, target)
+                continue
             linear = linears[name]
             if target.factorized:
                 replacement = OSFTLinear(
@@ -105,6 +120,17 @@ class OSFT:
             self._freeze_non_targets(model)
         if context.is_main:
             self._record(context.out)
+
+    def _adapt_experts(self, model: nn.Module, name: str, target: Target) -> None:
+        weight = model.get_parameter(name)
+        if target.factorized:
+            replacement = OSFTExpertWeight(
+                target.experts, target.rows, target.cols, target.frozen,
+                device=weight.device, dtype=weight.dtype,
+            )  # fmt: skip
+            factorize(model, name, replacement)
+        elif target.frozen == target.rank:
+            weight.requires_grad_(False)
 
     def _layer_fractions(self, names: list[str], context: MethodContext) -> dict[int, dict]:
         """Frozen fraction per decoder layer (and its importance in adaptive mode)."""
@@ -140,7 +166,7 @@ class OSFT:
 
     def _freeze_non_targets(self, model: nn.Module) -> None:
         trained = {f"{n}.{p}" for n in self.targets for p in svd.TRAINABLE_FACTORS}
-        trained |= {f"{n}.weight" for n, t in self.targets.items() if t.frozen == 0}
+        trained |= {_dense_key(n, t) for n, t in self.targets.items() if t.frozen == 0}
         for name, param in model.named_parameters():
             if name not in trained:
                 param.requires_grad_(False)
@@ -176,16 +202,29 @@ class OSFT:
                 return prefix, base[len(prefix) :], suffix
         return None
 
+    def _dense_target_of(self, key: str) -> tuple[str, str] | None:
+        """(key prefix, target) when `key` is a target's dense weight: `[model.]<target>.weight`
+        for a linear layer, `[model.]<target>` for a fused experts weight."""
+        found = self._target_of(key, ("weight",))
+        if found is not None and not self.targets[found[1]].experts:
+            return found[0], found[1]
+        for prefix in ("", WRAPPER_PREFIX):
+            name = key[len(prefix) :] if key.startswith(prefix) else None
+            if name in self.targets and self.targets[name].experts:
+                return prefix, name
+        return None
+
     def convert_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         out = {}
         for key, value in state.items():
-            found = self._target_of(key, ("weight",))
+            found = self._dense_target_of(key)
             if found is None or not self.targets[found[1]].factorized:
                 out[key] = value
                 continue
-            prefix, name, _ = found
+            prefix, name = found
             target = self.targets[name]
-            if tuple(value.shape) != (target.rows, target.cols):
+            expected = (target.experts,) * bool(target.experts) + (target.rows, target.cols)
+            if tuple(value.shape) != expected:
                 raise UserError(f"{key}: shape {list(value.shape)}, expected the model's")
             u, s, v = self.cache.factors(name) if self.cache else svd.thin_svd(value)
             for part, tensor in svd.split(value, u, s, v, target.frozen).items():
@@ -205,7 +244,7 @@ class OSFT:
             missing = [part for part in svd.DENSE_PARTS if part not in factors]
             if missing:
                 raise ValueError(f"export_weights: {name} without its {', '.join(missing)}")
-            out[f"{prefix}{name}.weight"] = svd.dense(factors)
+            out[prefix + _dense_key(name, self.targets[name])] = svd.dense(factors)
         return out
 
     # ------------------------------------------------------------------ optimizer
@@ -226,9 +265,10 @@ class OSFT:
             raise UserError("--osft: nothing trains (all targets frozen and non-targets frozen)")
         return groups
 
-    def _modules(self, model: nn.Module) -> list[OSFTLinear]:
+    def _modules(self, model: nn.Module) -> list[OSFTLinear | OSFTExpertWeight]:
         if self._osft_modules is None:
-            self._osft_modules = [m for m in model.modules() if isinstance(m, OSFTLinear)]
+            kinds = (OSFTLinear, OSFTExpertWeight)
+            self._osft_modules = [m for m in model.modules() if isinstance(m, kinds)]
         return self._osft_modules
 
     def before_optimizer_step(self, model: nn.Module) -> None:
@@ -251,6 +291,11 @@ class OSFT:
             "layers": {str(i): layer for i, layer in sorted(self.layers.items())},
             "targets": {name: asdict(target) for name, target in self.targets.items()},
         }
+
+
+def _dense_key(name: str, target: Target) -> str:
+    """The dense weight's key of a target: `<module>.weight`, or the experts parameter's name."""
+    return name if target.experts else f"{name}.weight"
 
 
 def saved_layers(out: Path) -> dict[int, dict] | None:

@@ -11,7 +11,9 @@ after the step. That second projection is what makes the invariant exact.
 
 Under FSDP2 every factor is a DTensor sharded by rows (dim 0). `highᵀ low` is a sum over rows,
 so each rank multiplies its local rows and one all-reduce (for all targets at once) completes
-the sums; `low -= high @ (highᵀ low)` is then local to each rank's rows.
+the sums; `low -= high @ (highᵀ low)` is then local to each rank's rows. A mixture of experts'
+factors are 3-D (experts, rows, r): FSDP2 shards them by experts, so each rank holds whole
+experts and their products need no all-reduce.
 """
 
 from __future__ import annotations
@@ -42,19 +44,23 @@ def remove_frozen_components(pairs: list[tuple[Tensor, Tensor, bool]]) -> None:
     for low, basis, onto in pairs:
         low_local, group = _local(low)
         basis_local, _ = _local(basis)
-        if low_local.shape[1] == 0 or (basis_local.shape[1] == 0 and not onto):
+        if low_local.shape[-1] == 0 or (basis_local.shape[-1] == 0 and not onto):
             continue
+        if low_local.dim() == 3:  # experts: whole matrices on each rank
+            group = None
         work.append((low_local, basis_local, onto, group))
     if not work:
         return
     coefficients = [basis.mT @ low for low, basis, _, _ in work]
-    group = next((g for *_, g in work if g is not None), None)
+    summed = [i for i, (*_, g) in enumerate(work) if g is not None]
+    group = work[summed[0]][3] if summed else None
     if group is not None and dist.get_world_size(group) > 1:
-        shapes = [c.shape for c in coefficients]
-        flat = torch.cat([c.reshape(-1) for c in coefficients])
+        shapes = [coefficients[i].shape for i in summed]
+        flat = torch.cat([coefficients[i].reshape(-1) for i in summed])
         dist.all_reduce(flat, group=group)
-        parts = flat.split([c.numel() for c in coefficients])
-        coefficients = [part.view(shape) for part, shape in zip(parts, shapes, strict=True)]
+        parts = flat.split([coefficients[i].numel() for i in summed])
+        for i, part, shape in zip(summed, parts, shapes, strict=True):
+            coefficients[i] = part.view(shape)
     for (low, basis, onto, _), coefficient in zip(work, coefficients, strict=True):
         inside = basis @ coefficient.to(low.dtype)
         if onto:

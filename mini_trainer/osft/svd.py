@@ -16,6 +16,10 @@ side (rows > r) the complement of U_high is larger than any stored basis, so it 
 
 V is stored as cols x r (not Vᵀ), so both U and V are sharded by rows under FSDP2 and one
 projection routine serves both sides.
+
+A mixture of experts' fused weight (E x rows x cols) is E such targets at once: every function
+here takes a leading experts dimension (`..., rows, cols`), and each expert is split by its own
+SVD with the same k.
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def svd_device() -> torch.device:
 
 
 def thin_svd(weight: Tensor, device: torch.device | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(U rows x r, S r, V cols x r), fp32 on the CPU, singular values in descending order."""
+    """(U rows x r, S r, V cols x r), fp32 on the CPU, singular values in descending order;
+    per expert for a (E, rows, cols) weight."""
     matrix = weight.detach().to(device or svd_device(), torch.float32)
     u, s, vh = torch.linalg.svd(matrix, full_matrices=False)
     return u.cpu().contiguous(), s.cpu().contiguous(), vh.mT.cpu().contiguous()
@@ -81,22 +86,25 @@ def split(weight: Tensor, u: Tensor, s: Tensor, v: Tensor, k: int) -> dict[str, 
     from its rebuild (which differs by the SVD's rounding).
     """
     low = {
-        "U_low": u[:, k:].contiguous(),
-        "S_low": s[k:].contiguous(),
-        "V_low": v[:, k:].contiguous(),
+        "U_low": u[..., k:].contiguous(),
+        "S_low": s[..., k:].contiguous(),
+        "V_low": v[..., k:].contiguous(),
     }
     weight = weight.to(u.device, torch.float32)
     parts = {"W_high": compose(weight, low["U_low"], -low["S_low"], low["V_low"]), **low}
-    shapes = part_shapes(u.shape[0], v.shape[0], k)
+    shapes = part_shapes(u.shape[-2], v.shape[-2], k)
     for name in shapes.keys() - parts.keys():  # the two bases: a copy, never a view of U_low
         side = u if name.startswith("U") else v
-        basis = side[:, :k] if name.endswith("_high") else side[:, k:]
+        basis = side[..., :k] if name.endswith("_high") else side[..., k:]
         parts[name] = basis.clone(memory_format=torch.contiguous_format)
     return {name: parts[name] for name in shapes}
 
 
 def compose(w_high: Tensor, u_low: Tensor, s_low: Tensor, v_low: Tensor) -> Tensor:
-    """W_high + U_low diag(S_low) V_lowᵀ: the layer's weight from its parts."""
+    """W_high + U_low diag(S_low) V_lowᵀ: the layer's weight from its parts (per expert for
+    3-D parts)."""
+    if w_high.dim() == 3:
+        return torch.baddbmm(w_high, u_low * s_low.unsqueeze(-2), v_low.mT)
     return torch.addmm(w_high, u_low * s_low, v_low.mT)
 
 

@@ -155,7 +155,9 @@ def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts
         counts.decay_groups[group["name"]] = sum(p.numel() for p in group["params"])
     targets = getattr(method, "targets", {})
     counts.osft_targets = len(targets)
-    counts.osft_svd_elements = sum(t.rank * (t.rows + t.cols + 1) for t in targets.values())
+    counts.osft_svd_elements = sum(
+        max(1, t.experts) * t.rank * (t.rows + t.cols + 1) for t in targets.values()
+    )
     counts.dense_params = (
         counts.total_params
         - sum(
@@ -163,7 +165,7 @@ def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts
             for n, p in wrapped.named_parameters()
             if n.rsplit(".", 1)[-1] in (*OSFT_FROZEN_PARTS, "U_low", "S_low", "V_low")
         )
-        + sum(t.rows * t.cols for t in targets.values() if t.factorized)
+        + sum(max(1, t.experts) * t.rows * t.cols for t in targets.values() if t.factorized)
     )
     counts.expert_params = expert_parameters(wrapped)
     fraction = active_fraction(wrapped.model)

@@ -81,26 +81,28 @@ def matmul_params(model: nn.Module) -> int:
     """Elements of the weight matrices (not norms, biases), each shared one once; a module with
     `dense_weight_numel` counts that instead of its own parameters; a mixture of experts'
     routed experts count top_k / experts of theirs (what one token multiplies)."""
-    seen: set[int] = set()
-    total = 0
     fraction = active_fraction(model) if hasattr(model, "config") else 1.0
+    seen: set[int] = set()
+    total = 0.0
+    experts_prefixes: list[str] = []
     for name, module in model.named_modules():
+        inside = next((p for p in experts_prefixes if name.startswith(p)), None)
         if name.rsplit(".", 1)[-1] == "experts":
-            experts = [p for p in module.parameters() if p.dim() >= 2 and id(p) not in seen]
-            seen.update(map(id, experts))
-            total += round(sum(p.numel() for p in experts) * fraction)
-            continue
+            experts_prefixes.append(name + ".")
+            inside = name
+        share = fraction if inside is not None else 1.0
         own = list(module.parameters(recurse=False))
         dense = getattr(module, "dense_weight_numel", None)
         if dense is not None:
-            total += dense
+            total += dense * share
             seen.update(map(id, own))
             continue
         for parameter in own:
-            if parameter.dim() >= 2 and id(parameter) not in seen:
+            # an expert's matrix is 3-D (its 2-D biases are elementwise)
+            if parameter.dim() >= (3 if inside else 2) and id(parameter) not in seen:
                 seen.add(id(parameter))
-                total += parameter.numel()
-    return total
+                total += parameter.numel() * share
+    return round(total)
 
 
 @dataclass(frozen=True)
