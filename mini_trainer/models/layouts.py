@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.conversion_mapping import get_model_conversion_mapping
 from transformers.core_model_loading import (
     PrefixChange,
@@ -137,8 +138,6 @@ def read_model_tensors(model_dir: Path, names: list[str]) -> dict[str, torch.Ten
     """The named model tensors of a checkpoint folder (the model's own names), converted from
     the checkpoint's layout where it differs, one group at a time; a name no group gives is one
     line naming the folder. For readers outside training (the OSFT SVD cache)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     entries = checkpoint_tensors(model_dir)
     wanted = [name for name in names if name not in entries]
     out = {name: read_tensor(entries[name]) for name in names if name in entries}
