@@ -66,14 +66,15 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
 
 
 def check_output_dir(out: Path, resume: bool | str) -> None:
-    """Refuse at once a folder that the job's rank 0 would refuse (run_folder.py's rule, without
-    reading state contents); a folder in use by a running job is left to the lock's message."""
+    """Refuse at once a folder that the job's rank 0 would refuse: one in use by a running job
+    (its lock's message), or one run_folder.py's rule refuses (without reading state contents)."""
     # deferred: torch, only once the flags are good
     from mini_trainer.distributed.run_lock import in_use
     from mini_trainer.training.run_folder import classify, start_decision
 
-    if not in_use(out):
-        start_decision(classify(out, verify_contents=False), resume)
+    if problem := in_use(out):
+        raise UserError(problem)
+    start_decision(classify(out, verify_contents=False), resume)
 
 
 def resolve_model_args(args: TrainingArgs) -> TrainingArgs:

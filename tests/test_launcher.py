@@ -266,6 +266,24 @@ def test_a_bad_flag_is_refused_before_any_worker_starts(demo_dir, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_folder_in_use_is_refused_by_the_launcher_before_any_worker_starts(demo_dir, tmp_path):
+    """This process holds the folder's lock as a running job's rank 0 would: `launch` raises
+    the lock's one line itself (without the check it would start two workers, which would
+    then find the lock taken and return 2)."""
+    from mini_trainer.distributed import run_lock
+    from mini_trainer.train import launch
+
+    out = tmp_path / "run"
+    assert run_lock.try_lock(out) is None
+    try:
+        with pytest.raises(UserError, match=r"--output-dir is in use by another training job"):
+            launch(TorchrunArgs(nproc_per_node=2), base_flags(demo_dir, out))
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        run_lock.release()
+    assert not out.exists()  # the lock made the folder and nothing else was written: removed
+
+
 def _start_infinite_run(demo_dir, out):
     process = subprocess.Popen(
         launcher_command(*base_flags(demo_dir, out, **{"training-mode": "infinite"})),

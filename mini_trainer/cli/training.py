@@ -10,6 +10,7 @@ import sys
 import click
 
 from mini_trainer.cli.group import cli
+from mini_trainer.cli.options import POSITIVE_FINITE
 from mini_trainer.distributed.slurm import plan_launch, with_allocation
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import split_launcher_args
@@ -111,7 +112,7 @@ def launch(
 )  # fmt: skip
 @click.option(
     "--gpu-memory-gib",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_FINITE,
     required=True,
     help="Memory of one GPU (or, with --device cpu, the host memory per rank).",
 )
@@ -123,13 +124,13 @@ def launch(
 )
 @click.option(
     "--peak-tflops",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_FINITE,
     default=None,
     help="Peak TFLOP/s of one GPU for the step-time estimate (instead of --gpu).",
 )
 @click.option(
     "--bandwidth-gbs",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_FINITE,
     default=None,
     help="Collective bandwidth per GPU, GB/s [default: 360 on one node, 45 across].",
 )

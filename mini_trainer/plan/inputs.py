@@ -62,12 +62,18 @@ def load_config(model_dir: Path, device: str):
 
     from mini_trainer.training import model_setup, packed_attention
 
+    path = model_dir / "config.json"
     try:
-        family = json.loads((model_dir / "config.json").read_text()).get("model_type")
+        config = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise UserError(f"{model_dir / 'config.json'}: not readable JSON ({error})") from None
-    if family not in CONFIG_MAPPING:
-        raise UserError(f"{model_dir / 'config.json'}: unknown model family {family!r}")
+        raise UserError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a model config (a JSON object), a {type(config).__name__}")
+    family = config.get("model_type")
+    if family is None:
+        raise UserError(f"{path}: model_type: missing (which model family is it?)")
+    if not isinstance(family, str) or family not in CONFIG_MAPPING:
+        raise UserError(f"{path}: model_type: unknown model family {family!r}")
     # the implementation every family accepts; the trace swaps in its own stand-ins
     return model_setup.load_config(str(model_dir), packed_attention.register())
 
