@@ -91,6 +91,27 @@ def test_offline_without_a_cached_copy_names_the_cache_and_the_fill_command(offl
     assert "no cached copy" in _error(lambda: resolve_model(REPO_ID, "no-such-branch"))
 
 
+def test_an_empty_revision_is_refused_not_taken_as_main(offline_home, tmp_path):
+    expected = (
+        "--model-revision: empty (''); name a branch, tag or commit, or leave the flag out for main"
+    )
+    assert _error(lambda: resolve_model(REPO_ID, "")) == expected
+    result = run_cli("resolve-model", "--model", REPO_ID, "--model-revision", "",
+                     "--out", tmp_path / "m.json")  # fmt: skip
+    assert result.returncode == 2 and result.stderr.splitlines() == [f"error: {expected}"]
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_ref_naming_a_missing_snapshot_says_so(demo_model, tmp_path, monkeypatch):
+    repo = use_offline_cache(monkeypatch, build_hub_cache(demo_model, tmp_path))
+    missing = "0" * 40
+    repo.set_ref("main", missing)
+    line = _error(lambda: resolve_model(REPO_ID))
+    assert f"refs/main names commit {missing}, which has no snapshot in the cache" in line, line
+    assert "no cached copy" not in line
+    assert "mini-trainer resolve-model --model demo-org/tiny-llama --model-revision main" in line
+
+
 def test_repository_without_safetensors_is_refused(demo_model, tmp_path, monkeypatch):
     repo = HubRepo(tmp_path, "demo-org/pickled")
     files = {name: data for name, data in model_files(demo_model).items()

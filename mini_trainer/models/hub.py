@@ -100,6 +100,19 @@ def not_a_model(name: str, flag: str = "--model") -> str | None:
     return f"{name}: {flag}: no such model folder, and not a Hugging Face Hub id (ORG/NAME)"
 
 
+def check_revision(revision: str | None) -> str:
+    """The revision to ask for (None is `main`); an empty one is refused, never taken as `main`
+    silently (an unset shell variable in `--model-revision "$REV"`)."""
+    if revision is None:
+        return "main"
+    if not revision.strip():
+        raise UserError(
+            f"--model-revision: empty ({revision!r}); name a branch, tag or commit, or leave the "
+            "flag out for main"
+        )
+    return revision
+
+
 def resolve_model(
     name: str | os.PathLike, revision: str = "main", weights: bool = True, flag: str = "--model"
 ):
@@ -110,6 +123,7 @@ def resolve_model(
     safetensors weights, and an incomplete snapshot.
     """
     text = str(name)
+    revision = check_revision(revision)
     if Path(text).is_dir():
         if not (Path(text) / "config.json").is_file():
             raise UserError(
@@ -118,7 +132,6 @@ def resolve_model(
         return ResolvedModel(Path(text), None)
     if problem := not_a_model(text, flag):
         raise UserError(problem)
-    revision = revision or "main"
     folder = Path(_snapshot(text, revision, weights))
     check_snapshot(folder, text, revision, weights)
     return ResolvedModel(folder, folder.name, text, revision)
@@ -148,7 +161,7 @@ def lookup_commit(hub_id: str, revision: str = "main") -> str:
     # deferred: huggingface_hub (as in _snapshot)
     from huggingface_hub import HfApi
 
-    revision = revision or "main"
+    revision = check_revision(revision)
     if COMMIT.match(revision):
         return revision
     if problem := not_a_model(hub_id):
@@ -199,12 +212,27 @@ def hub_errors(hub_id: str, revision: str):
                 f"(an interrupted download?); complete it with network access: {fetch}"
             ) from None
         reason = "offline (HF_HUB_OFFLINE)" if offline() else "the Hub cannot be reached"
+        if stale := _dangling_ref(repo_folder(hub_id, cache), revision):
+            raise UserError(
+                f"{where}: {reason}, and the cache's refs/{revision} names commit {stale}, "
+                f"which has no snapshot in the cache (a snapshot deleted by hand?); fill it on a "
+                f"host with network access: {fetch}"
+            ) from None
         raise UserError(
             f"{where}: {reason} and no cached copy in {repo_folder(hub_id, cache)}; "
             f"fill the cache on a host with network access: {fetch}"
         ) from None
     except OSError as error:  # a network, disk or HTTP error not classified above
         raise UserError(f"{where}: cannot fetch the model: {_first_line(error)}") from None
+
+
+def _dangling_ref(repo: Path, revision: str) -> str | None:
+    """The commit `refs/<revision>` names when that commit has no snapshot folder, else None."""
+    try:
+        commit = (repo / "refs" / revision).read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return commit if COMMIT.match(commit) and not (repo / "snapshots" / commit).is_dir() else None
 
 
 def _first_line(error: Exception) -> str:

@@ -39,7 +39,7 @@ class Cluster:
 def resolve_model_dir(model: str, revision: str | None) -> Path:
     """The local folder holding `config.json`: a local folder, or a Hub id resolved (config and
     tokenizer files only, never weights) into the Hugging Face cache."""
-    path = resolve_model(model, revision or "main", weights=False, flag="--model").folder
+    path = resolve_model(model, revision, weights=False, flag="--model").folder
     if not (path / "config.json").is_file():
         raise UserError(f"{model}: --model: no config.json in this folder")
     return path
