@@ -11,6 +11,7 @@ import click
 
 from mini_trainer.cli.group import cli
 from mini_trainer.cli.options import POSITIVE_FINITE
+from mini_trainer.distributed.lifetime import STOP_WITH_ENV
 from mini_trainer.distributed.slurm import plan_launch, with_allocation
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import split_launcher_args
@@ -83,7 +84,9 @@ def launch(
     sys.stdout.flush()
     sys.stderr.flush()
     if plan.torchrun is None:
-        # exec, not a child: Slurm's and the user's signals go straight to srun.
+        # exec, not a child: Slurm's and the user's signals go straight to srun. The pid to
+        # stop with names a process of this host only; Slurm ends the steps with the job.
+        os.environ.pop(STOP_WITH_ENV, None)
         os.execvp(plan.argv[0], plan.argv)
     # torchrun's elastic agent in this process: the launch path of `train --nproc-per-node`
     # (signals forwarded to the workers, each error printed once, the documented exit status).

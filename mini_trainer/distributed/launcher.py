@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mini_trainer.distributed.lifetime import lost_rendezvous
+from mini_trainer.distributed.lifetime import env_stop_pid, lost_rendezvous, stop_when_gone
 from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
@@ -187,7 +187,8 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mini-trainer-reports-") as folder:
         os.environ[REPORT_DIR_ENV] = folder
         try:
-            elastic_launch(config, command)(*command_args)
+            with stop_when_gone(env_stop_pid()):  # the pipeline's Snakemake, when it set one
+                elastic_launch(config, command)(*command_args)
         except ChildFailedError as error:
             failures = {rank: failure.exitcode for rank, failure in error.failures.items()}
         except SignalException as error:

@@ -43,6 +43,9 @@ rule train:
         # refused with exit 2, as `--resume` would). The folder's key guarantees it is this run.
         # Snakemake sets OMP_NUM_THREADS to the job's threads; split them between the processes
         # (computed here, not as a param, so running with more --cores reruns nothing).
+        # MINI_TRAINER_STOP_WITH_PID: the job stops (state saved, exit 75) if this Snakemake is
+        # killed, instead of training on unsupervised (mini_trainer/distributed/lifetime.py).
+        " MINI_TRAINER_STOP_WITH_PID=$PPID"
         " OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
         " {params.launcher}"
         " {params.flags} --output-dir {params.run_dir:q} --resume auto > {log} 2>&1"
