@@ -22,6 +22,7 @@ from pathlib import Path
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.distributed.launcher import import_torch_quietly, supervise, write_report
 from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
+from mini_trainer.distributed.retry import record_exit, refuse_final_retry
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import TorchrunArgs
 from mini_trainer.log_setup import setup_logging
@@ -181,9 +182,12 @@ def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:
     Slurm task) and `run_training` (through `mini-trainer train`) all run it. The flags are
     checked here, before any worker starts, so a bad flag is one line at once."""
     args = parse_training_args(train_argv)
+    refuse_final_retry(Path(args.output_dir))  # a pipeline's retry of a job ended 2 or 3
     import_torch_quietly()  # flags good: torch now, before anything below imports it
     check_inputs(args, torchrun_args.nproc_per_node * torchrun_args.nnodes)
-    return supervise(torchrun_args, pin_model_revision(args, train_argv))
+    status, lines = supervise(torchrun_args, pin_model_revision(args, train_argv))
+    record_exit(Path(args.output_dir), status, lines)
+    return status
 
 
 if __name__ == "__main__":

@@ -149,11 +149,11 @@ def torchrun_command(
     return [python, "-m", "torch.distributed.run", *worker_argv(torchrun_args, train_flags)]
 
 
-def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
+def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> tuple[int, list[str]]:
     """Run the training job on this node's workers with torchrun's elastic agent in this
-    process; return the job's exit status. The flags are not checked here: `train.launch`
-    checks them first (the one launch path of `train --nproc-per-node`, `launch` and
-    `run_training`)."""
+    process; return the job's exit status and the lines it printed. The flags are not checked
+    here: `train.launch` checks them first (the one launch path of `train --nproc-per-node`,
+    `launch` and `run_training`)."""
     # deferred: torch (workers import this module for write_report before their flags are read)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -204,4 +204,4 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
         status, lines = 1, [f"error: {lost}"]
     for line in lines:
         print(line, file=sys.stderr)
-    return status
+    return status, lines
