@@ -26,7 +26,12 @@ from mini_trainer.distributed.retry import record_exit, refuse_final_retry
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import TorchrunArgs
 from mini_trainer.log_setup import setup_logging
-from mini_trainer.models.hub import not_a_model, resolve_model, resolve_once_per_node
+from mini_trainer.models.hub import (
+    decide_commit,
+    not_a_model,
+    resolve_model,
+    resolve_once_per_node,
+)
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 log = logging.getLogger("mini_trainer")
@@ -78,11 +83,22 @@ def check_output_dir(out: Path, resume: bool | str) -> None:
     start_decision(classify(out, verify_contents=False), resume)
 
 
+def model_commit(args: TrainingArgs) -> str | None:
+    """The Hub commit this job trains from, decided without fetching a file; None for a local
+    folder. On `--resume`, a revision that names another commit than the run recorded is
+    refused here, before anything of that commit is downloaded."""
+    name = args.model_name_or_path
+    if Path(name).is_dir() or not_a_model(name, "--model-name-or-path") is not None:
+        return None
+    return decide_commit(name, args.model_revision, Path(args.output_dir) if args.resume else None)
+
+
 def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
     """A Hub id resolved (once per node) to its cache snapshot folder, the revision pinned to
     its commit: the run, its records and its fingerprint then name the exact weights."""
+    commit = model_commit(args)
     resolved = resolve_once_per_node(
-        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
+        args.model_name_or_path, commit or args.model_revision, flag="--model-name-or-path"
     )
     if resolved.commit is None:
         return args
@@ -166,13 +182,23 @@ def run(args: TrainingArgs) -> int:
 
 def pin_model_revision(args: TrainingArgs, train_argv: list[str]) -> list[str]:
     """Resolve a Hub id here, once per node before any worker starts (its errors print once),
-    and hand the workers the commit, so every rank reads the same snapshot from the cache."""
-    resolved = resolve_model(
-        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
-    )
-    if resolved.commit is None:
+    and hand the workers the commit, so every rank reads the same snapshot from the cache.
+    (Across nodes: `mini-trainer launch` decides the commit before srun starts the nodes, and
+    the workers take rank 0's commit: `agree_on_model`.)"""
+    commit = model_commit(args)
+    if commit is None:
+        resolve_model(args.model_name_or_path, args.model_revision, flag="--model-name-or-path")
         return train_argv
-    return [*train_argv, "--model-revision", resolved.commit]
+    resolve_model(args.model_name_or_path, commit, flag="--model-name-or-path")  # fetch it
+    return [*train_argv, "--model-revision", commit]
+
+
+def pin_commit_flags(train_argv: list[str]) -> list[str]:
+    """The flags with a Hub id's revision replaced by the commit it names now (no file is
+    fetched): for `mini-trainer launch` before srun starts one launcher per node, so every node
+    trains from the same commit even if the branch moves between their starts."""
+    commit = model_commit(parse_training_args(train_argv))
+    return train_argv if commit is None else [*train_argv, "--model-revision", commit]
 
 
 def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:

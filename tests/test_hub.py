@@ -112,6 +112,55 @@ def test_a_ref_naming_a_missing_snapshot_says_so(demo_model, tmp_path, monkeypat
     assert "mini-trainer resolve-model --model demo-org/tiny-llama --model-revision main" in line
 
 
+def test_a_resume_after_main_moved_is_refused_before_anything_is_fetched(
+    demo_model, demo_dir, tmp_path, monkeypatch
+):
+    """The new commit of `main` has no snapshot in the (offline) cache: resolving it would fail
+    ("no cached copy"). The resume is refused with the moved-branch line instead, so nothing
+    of the new commit was fetched: the commit is looked up (refs/, one Hub call online) and
+    compared with the run's record first."""
+    from mini_trainer.models.hub import decide_commit
+
+    repo = use_offline_cache(monkeypatch, build_hub_cache(demo_model, tmp_path / "hf"))
+    first = (repo.folder / "refs" / "main").read_text()
+    out = tmp_path / "run"
+    out.mkdir()
+    record = {"model_name_or_path": str(repo.folder / "snapshots" / first),
+              "model_revision": first}  # fmt: skip
+    (out / "training_args.json").write_text(json.dumps(record))
+    assert decide_commit(REPO_ID, "main", out) == first  # not moved: the recorded commit
+    moved = "0" * 40
+    repo.set_ref("main", moved)
+    expected = (f"--model-revision: the state started from {REPO_ID} commit {first}, this run "
+                f"resolved {REPO_ID} to commit {moved} (the Hub's branch moved?); to continue "
+                f"the run, pin it: --model-revision {first}")  # fmt: skip
+    assert _error(lambda: decide_commit(REPO_ID, "main", out)) == expected
+    assert decide_commit(REPO_ID, first, out) == first  # pinned: continues
+    flags = base_flags(demo_dir, out, **{"model-name-or-path": REPO_ID, "resume": True})
+    refused = train_in_process(*flags)
+    assert refused.returncode == 2
+    assert [line for line in refused.stderr.splitlines() if "error" in line] == [
+        f"error: {expected}"
+    ], refused.stderr
+
+
+def test_srun_launch_decides_the_commit_once_for_every_node(offline_home, demo_dir, tmp_path):
+    """Before srun starts one launcher per node, `launch` replaces the branch by the commit it
+    names now, so a `main` that moves between the nodes' starts cannot split the job."""
+    commit = (offline_home.folder / "refs" / "main").read_text()
+    env = {**offline_home.env(), "SLURM_JOB_ID": "77", "SLURM_NTASKS": "2",
+           "SLURM_JOB_NODELIST": "n[1-2]"}  # fmt: skip
+    clean = {k: v for k, v in subprocess_env().items() if not k.startswith(("SLURM_", "HF_"))}
+    flags = base_flags(demo_dir, tmp_path / "run", **{"model-name-or-path": REPO_ID})
+    result = subprocess.run(
+        [sys.executable, "-m", "mini_trainer", "launch", "--nproc-per-node", "1", "--dry-run",
+         "--", *map(str, flags)],
+        capture_output=True, text=True, env={**clean, **env}, cwd=REPO_ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("srun ") and f"--model-revision {commit}" in result.stdout
+
+
 def test_repository_without_safetensors_is_refused(demo_model, tmp_path, monkeypatch):
     repo = HubRepo(tmp_path, "demo-org/pickled")
     files = {name: data for name, data in model_files(demo_model).items()

@@ -19,6 +19,7 @@ from mini_trainer.plan.inputs import Cluster, make_plan
 from mini_trainer.plan.render import table
 from mini_trainer.train import launch as launch_training
 from mini_trainer.train import main as train_main
+from mini_trainer.train import pin_commit_flags
 from mini_trainer.training_args import parse_training_args
 
 
@@ -76,7 +77,10 @@ def launch(
     """
     flags = list(train_args)
     parse_training_args(flags)  # a bad flag fails here, before any process or node starts
-    plan = plan_launch(with_allocation(os.environ), nproc_per_node, flags, rdzv_port=rdzv_port)
+    env = with_allocation(os.environ)
+    if env.get("SLURM_JOB_ID") and "SLURM_STEP_ID" not in env:  # srun starts one per node:
+        flags = pin_commit_flags(flags)  # a Hub branch's commit decided once, for every node
+    plan = plan_launch(env, nproc_per_node, flags, rdzv_port=rdzv_port)
     if dry_run:
         click.echo(shlex.join(plan.argv))
         return

@@ -173,6 +173,37 @@ def lookup_commit(hub_id: str, revision: str = "main") -> str:
         ).resolved
 
 
+def moved_branch_line(hub_id: str, recorded: str, now: str) -> str:
+    """The one line for a resume whose revision now names another commit than the run's."""
+    return (
+        f"--model-revision: the state started from {hub_id} commit {recorded}, this run "
+        f"resolved {hub_id} to commit {now} (the Hub's branch moved?); to continue the run, "
+        f"pin it: --model-revision {recorded}"
+    )
+
+
+def recorded_commit(out_dir: Path, hub_id: str) -> str | None:
+    """The commit a run in `out_dir` started from (its training_args.json), if it is a run of
+    `hub_id`; None for a new folder or a local model."""
+    try:
+        record = json.loads((out_dir / "training_args.json").read_text())
+        source = hub_source(record["model_name_or_path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source["commit"] if source and source["hub_id"] == hub_id else None
+
+
+def decide_commit(hub_id: str, revision: str | None, resume_dir: Path | None = None) -> str:
+    """The commit a job trains from, decided without fetching any file (`lookup_commit`); with
+    `resume_dir`, a revision that now names another commit than the run recorded is refused
+    here, before anything of that commit is downloaded."""
+    commit = lookup_commit(hub_id, revision)
+    recorded = recorded_commit(resume_dir, hub_id) if resume_dir is not None else None
+    if recorded is not None and commit != recorded:
+        raise UserError(moved_branch_line(hub_id, recorded, commit))
+    return commit
+
+
 @contextlib.contextmanager
 def hub_errors(hub_id: str, revision: str):
     """huggingface_hub's errors as one-line `UserError`s that say what to do."""

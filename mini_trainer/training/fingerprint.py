@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from mini_trainer.io_utils import hash_file
-from mini_trainer.models.hub import hub_source
+from mini_trainer.models.hub import hub_source, moved_branch_line
 
 FULL_HASH_BYTES = 64 * 1024**2
 """Files up to this size are hashed whole (about 0.1 s per 64 MiB)."""
@@ -162,12 +162,7 @@ def differences(saved: dict, current: dict) -> list[str]:
     lines += _validation_lines(saved, current.get("validation"))
     old_hub, new_hub = (saved.get("model") or {}).get("hub"), current["model"].get("hub")
     if old_hub and new_hub and old_hub != new_hub:
-        lines.append(
-            f"--model-revision: the state started from {old_hub['hub_id']} commit "
-            f"{old_hub['commit']}, this run resolved {new_hub['hub_id']} to commit "
-            f"{new_hub['commit']} (the Hub's branch moved?); to continue the run, pin it: "
-            f"--model-revision {old_hub['commit']}"
-        )
+        lines.append(moved_branch_line(old_hub["hub_id"], old_hub["commit"], new_hub["commit"]))
     elif _files(saved.get("model")) != _files(current["model"]):
         old, new = _files(saved.get("model")), _files(current["model"])
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
