@@ -28,6 +28,7 @@ from mini_trainer.launch_args import TorchrunArgs
 from mini_trainer.log_setup import setup_logging
 from mini_trainer.models.hub import (
     decide_commit,
+    hub_source,
     not_a_model,
     resolve_model,
     resolve_once_per_node,
@@ -174,10 +175,37 @@ def run(args: TrainingArgs) -> int:
 
     runtime = init_runtime()
     try:
-        return train(args, runtime)
+        return train(agree_on_model(args, runtime), runtime)
     finally:
         release()
         shutdown()
+
+
+def agree_on_model(args: TrainingArgs, runtime) -> TrainingArgs:
+    """Every rank trains from rank 0's Hub commit.
+
+    Each node's launcher resolves a branch when it starts; nodes started by hand (not through
+    `mini-trainer launch` under Slurm, which decides once) could meet a branch that moved
+    between their starts. A rank whose commit differs from rank 0's takes rank 0's (resolved
+    once per node, fetched if needed) and says so."""
+    # deferred: torch (distributed/runtime.py), only once the flags are good
+    from mini_trainer.distributed.runtime import broadcast_object
+
+    mine = hub_source(args.model_name_or_path)
+    if runtime.world_size <= 1:
+        return args
+    chosen = broadcast_object(mine, runtime)
+    if mine is None or chosen is None or mine == chosen:
+        return args
+    log.warning(
+        "warning: this node resolved %s to commit %s, rank 0 to %s (the branch moved between "
+        "the nodes' starts): training from rank 0's commit",
+        mine["hub_id"], mine["commit"], chosen["commit"],
+    )  # fmt: skip
+    resolved = resolve_once_per_node(
+        chosen["hub_id"], chosen["commit"], flag="--model-name-or-path"
+    )
+    return replace(args, model_name_or_path=str(resolved.folder), model_revision=resolved.commit)
 
 
 def pin_model_revision(args: TrainingArgs, train_argv: list[str]) -> list[str]:

@@ -161,6 +161,48 @@ def test_srun_launch_decides_the_commit_once_for_every_node(offline_home, demo_d
     assert result.stdout.startswith("srun ") and f"--model-revision {commit}" in result.stdout
 
 
+def _agree_on_rank(rank: int, init_file: str, hf_home: str, folders: list, out: str) -> None:
+    """One rank of `test_every_rank_trains_from_rank_0s_commit` (spawned)."""
+    import torch
+    import torch.distributed as dist
+
+    from mini_trainer.distributed.runtime import Runtime
+    from mini_trainer.train import agree_on_model
+    from mini_trainer.training_args import TrainingArgs
+
+    os.environ.update(HF_HOME=hf_home, HF_HUB_OFFLINE="1")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    args = TrainingArgs(
+        model_name_or_path=folders[rank],
+        data_path="d",
+        output_dir="o",
+        model_revision=Path(folders[rank]).name,
+    )  # as the launcher pinned it
+    try:
+        agreed = agree_on_model(args, Runtime(rank, rank, 2, torch.device("cpu")))
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}").write_text(f"{agreed.model_name_or_path} {agreed.model_revision}")
+
+
+@pytest.mark.slow
+def test_every_rank_trains_from_rank_0s_commit(demo_model, tmp_path):
+    """Two nodes' launchers resolved `main` at different moments (it moved in between): rank 1
+    holds the newer commit's folder, and takes rank 0's commit once the process group starts."""
+    import torch.multiprocessing as mp
+
+    repo = build_hub_cache(demo_model, tmp_path / "hf")
+    first = (repo.folder / "refs" / "main").read_text()
+    files = model_files(demo_model)
+    files["README.md"] = b"a new commit on main\n"
+    second = repo.add_snapshot(files)
+    folders = [str(repo.folder / "snapshots" / commit) for commit in (first, second)]
+    mp.spawn(_agree_on_rank, args=(str(tmp_path / "init"), str(repo.hf_home), folders,
+                                   str(tmp_path)), nprocs=2)  # fmt: skip
+    answers = {Path(tmp_path, f"rank{rank}").read_text() for rank in (0, 1)}
+    assert answers == {f"{folders[0]} {first}"}
+
+
 def test_repository_without_safetensors_is_refused(demo_model, tmp_path, monkeypatch):
     repo = HubRepo(tmp_path, "demo-org/pickled")
     files = {name: data for name, data in model_files(demo_model).items()
