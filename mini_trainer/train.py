@@ -20,7 +20,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
-from mini_trainer.distributed.launcher import import_torch_quietly, supervise, write_report
+from mini_trainer.distributed.launcher import (
+    REPRODUCIBLE_MKL,
+    import_torch_quietly,
+    supervise,
+    write_report,
+)
 from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
 from mini_trainer.distributed.retry import record_exit, refuse_final_retry
 from mini_trainer.errors import UserError
@@ -246,4 +251,5 @@ def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault(*REPRODUCIBLE_MKL)  # before torch's first MKL call (plain torchrun)
     sys.exit(main())

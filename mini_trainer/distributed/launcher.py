@@ -43,6 +43,11 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 SHUTDOWN_TIMEOUT_S = 300
 """How long workers get to finish their step and save after a stop signal, before SIGKILL."""
 EXIT_CRASH = 1
+REPRODUCIBLE_MKL = ("MKL_CBWR", "AUTO,STRICT")
+"""MKL's conditional numerical reproducibility, strict mode: the same results for the same
+inputs whatever the arrays' memory alignment (without it, some kernels take other code paths
+for unaligned data, which can change the last bits between two runs of one command). The CPU
+path's cost: docs/benchmarks.md. A value the user set is kept."""
 
 
 def write_report(
@@ -174,6 +179,7 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> tuple[int,
     if parsed.master_port is None:
         parsed.master_port = 29500
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
+    os.environ.setdefault(*REPRODUCIBLE_MKL)  # read by MKL in each worker when it starts
     # torchrun's warnings about the flags built here (--node-rank is ignored by c10d) and the
     # agent's own log lines (worker started, signal forwarded, "failed (exitcode: 2)") say
     # nothing the outcome below does not; their errors still show.
