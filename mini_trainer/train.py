@@ -20,12 +20,24 @@ from dataclasses import replace
 from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
-from mini_trainer.distributed.launcher import import_torch_quietly, supervise, write_report
+from mini_trainer.distributed.launcher import (
+    REPRODUCIBLE_MKL,
+    import_torch_quietly,
+    supervise,
+    write_report,
+)
 from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
+from mini_trainer.distributed.retry import record_exit, refuse_final_retry
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import TorchrunArgs
 from mini_trainer.log_setup import setup_logging
-from mini_trainer.models.hub import not_a_model, resolve_model, resolve_once_per_node
+from mini_trainer.models.hub import (
+    decide_commit,
+    hub_source,
+    not_a_model,
+    resolve_model,
+    resolve_once_per_node,
+)
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 log = logging.getLogger("mini_trainer")
@@ -66,21 +78,33 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
 
 
 def check_output_dir(out: Path, resume: bool | str) -> None:
-    """Refuse at once a folder that the job's rank 0 would refuse (run_folder.py's rule, without
-    reading state contents); a folder in use by a running job is left to the lock's message."""
+    """Refuse at once a folder that the job's rank 0 would refuse: one in use by a running job
+    (its lock's message), or one run_folder.py's rule refuses (without reading state contents)."""
     # deferred: torch, only once the flags are good
     from mini_trainer.distributed.run_lock import in_use
     from mini_trainer.training.run_folder import classify, start_decision
 
-    if not in_use(out):
-        start_decision(classify(out, verify_contents=False), resume)
+    if problem := in_use(out):
+        raise UserError(problem)
+    start_decision(classify(out, verify_contents=False), resume)
+
+
+def model_commit(args: TrainingArgs) -> str | None:
+    """The Hub commit this job trains from, decided without fetching a file; None for a local
+    folder. On `--resume`, a revision that names another commit than the run recorded is
+    refused here, before anything of that commit is downloaded."""
+    name = args.model_name_or_path
+    if Path(name).is_dir() or not_a_model(name, "--model-name-or-path") is not None:
+        return None
+    return decide_commit(name, args.model_revision, Path(args.output_dir) if args.resume else None)
 
 
 def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
     """A Hub id resolved (once per node) to its cache snapshot folder, the revision pinned to
     its commit: the run, its records and its fingerprint then name the exact weights."""
+    commit = model_commit(args)
     resolved = resolve_once_per_node(
-        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
+        args.model_name_or_path, commit or args.model_revision, flag="--model-name-or-path"
     )
     if resolved.commit is None:
         return args
@@ -156,21 +180,58 @@ def run(args: TrainingArgs) -> int:
 
     runtime = init_runtime()
     try:
-        return train(args, runtime)
+        return train(agree_on_model(args, runtime), runtime)
     finally:
         release()
         shutdown()
 
 
+def agree_on_model(args: TrainingArgs, runtime) -> TrainingArgs:
+    """Every rank trains from rank 0's Hub commit.
+
+    Each node's launcher resolves a branch when it starts; nodes started by hand (not through
+    `mini-trainer launch` under Slurm, which decides once) could meet a branch that moved
+    between their starts. A rank whose commit differs from rank 0's takes rank 0's (resolved
+    once per node, fetched if needed) and says so."""
+    # deferred: torch (distributed/runtime.py), only once the flags are good
+    from mini_trainer.distributed.runtime import broadcast_object
+
+    mine = hub_source(args.model_name_or_path)
+    if runtime.world_size <= 1:
+        return args
+    chosen = broadcast_object(mine, runtime)
+    if mine is None or chosen is None or mine == chosen:
+        return args
+    log.warning(
+        "warning: this node resolved %s to commit %s, rank 0 to %s (the branch moved between "
+        "the nodes' starts): training from rank 0's commit",
+        mine["hub_id"], mine["commit"], chosen["commit"],
+    )  # fmt: skip
+    resolved = resolve_once_per_node(
+        chosen["hub_id"], chosen["commit"], flag="--model-name-or-path"
+    )
+    return replace(args, model_name_or_path=str(resolved.folder), model_revision=resolved.commit)
+
+
 def pin_model_revision(args: TrainingArgs, train_argv: list[str]) -> list[str]:
     """Resolve a Hub id here, once per node before any worker starts (its errors print once),
-    and hand the workers the commit, so every rank reads the same snapshot from the cache."""
-    resolved = resolve_model(
-        args.model_name_or_path, args.model_revision, flag="--model-name-or-path"
-    )
-    if resolved.commit is None:
+    and hand the workers the commit, so every rank reads the same snapshot from the cache.
+    (Across nodes: `mini-trainer launch` decides the commit before srun starts the nodes, and
+    the workers take rank 0's commit: `agree_on_model`.)"""
+    commit = model_commit(args)
+    if commit is None:
+        resolve_model(args.model_name_or_path, args.model_revision, flag="--model-name-or-path")
         return train_argv
-    return [*train_argv, "--model-revision", resolved.commit]
+    resolve_model(args.model_name_or_path, commit, flag="--model-name-or-path")  # fetch it
+    return [*train_argv, "--model-revision", commit]
+
+
+def pin_commit_flags(train_argv: list[str]) -> list[str]:
+    """The flags with a Hub id's revision replaced by the commit it names now (no file is
+    fetched): for `mini-trainer launch` before srun starts one launcher per node, so every node
+    trains from the same commit even if the branch moves between their starts."""
+    commit = model_commit(parse_training_args(train_argv))
+    return train_argv if commit is None else [*train_argv, "--model-revision", commit]
 
 
 def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:
@@ -180,11 +241,15 @@ def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:
     Slurm task) and `run_training` (through `mini-trainer train`) all run it. The flags are
     checked here, before any worker starts, so a bad flag is one line at once."""
     args = parse_training_args(train_argv)
+    refuse_final_retry(Path(args.output_dir))  # a pipeline's retry of a job ended 2 or 3
     import_torch_quietly()  # flags good: torch now, before anything below imports it
     check_inputs(args, torchrun_args.nproc_per_node * torchrun_args.nnodes)
-    return supervise(torchrun_args, pin_model_revision(args, train_argv))
+    status, lines = supervise(torchrun_args, pin_model_revision(args, train_argv))
+    record_exit(Path(args.output_dir), status, lines)
+    return status
 
 
 if __name__ == "__main__":
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault(*REPRODUCIBLE_MKL)  # before torch's first MKL call (plain torchrun)
     sys.exit(main())

@@ -244,6 +244,27 @@ def test_validate_names_the_input_line_behind_a_bad_mixture_line(bad_mixture):
     assert first.endswith(f" (from {general}:17)"), first
 
 
+def test_a_bad_mixture_line_met_while_training_names_the_input_line_too(bad_mixture):
+    """The training data's own check at read time (a file changed after validation; here a
+    model of a smaller vocabulary) names the input line as validate does."""
+    from mini_trainer.data.dataset import IndexedJsonlDataset
+    from mini_trainer.data.validate import build_index
+
+    out, general, bad_line = bad_mixture
+    index = build_index(out, 10_000, 64, progress=False, workers=1)[0]
+    dataset = IndexedJsonlDataset(out, index, vocab_size=100)
+    sample = int(np.flatnonzero(dataset.line_numbers == bad_line)[0])
+    with pytest.raises(UserError) as caught:
+        dataset[sample]
+    (line,) = caught.value.lines
+    assert line.startswith(f"{out}:{bad_line}: input_ids: token id 9999 is outside"), line
+    assert line.endswith(f"rerun `mini-trainer validate` (from {general}:17)"), line
+    sidecar_beside(out).unlink()  # no sidecar: the mixture's line alone, as before
+    with pytest.raises(UserError) as caught:
+        dataset[sample]
+    assert "(from" not in caught.value.lines[0]
+
+
 @pytest.mark.parametrize("stale", ["one more line", "no sidecar", "not json"])
 def test_a_stale_or_missing_sidecar_names_no_source(bad_mixture, stale):
     from mini_trainer.data.validate import build_index

@@ -66,7 +66,8 @@ def _runs_with_start(sample: dict) -> list[tuple[int, list[int]]]:
 def test_masks_exactly_the_assistant_spans(demo_model, tokenizer, tmp_path):
     chat, out = tmp_path / "chat.jsonl", tmp_path / "tokens.jsonl"
     _write_jsonl(chat, [{"messages": m, "id": i} for i, m in enumerate(CONVERSATIONS)])
-    result = run_cli("tokenize", chat, "--model", demo_model, "--out", out, check=True)
+    # in a child: transformers logs to the stderr it found at import, which CliRunner misses
+    result = run_cli("tokenize", chat, "--model", demo_model, "--out", out, in_process=False)
     assert "3 samples" in result.stdout
     assert "warning" not in result.stderr
     samples = [json.loads(line) for line in out.read_text().splitlines()]
@@ -184,6 +185,25 @@ def test_max_len_is_an_error_by_default(tokenizer, tmp_path):
     assert error.value.lines[0].startswith(f"{chat}:1: messages: ")
     assert "--max-len 5" in error.value.lines[0]
     assert not out.exists()
+
+
+def test_a_conversation_longer_than_the_tokenizer_max_is_our_line_alone(demo_model, tmp_path):
+    """Beyond the tokenizer's model_max_length (512 for the demo), transformers would log its
+    own "indexing errors" warning beside our --max-len line."""
+    chat, out = tmp_path / "chat.jsonl", tmp_path / "tokens.jsonl"
+    long = [{"role": "user", "content": "sort: " + "3 1 2 " * 400},
+            {"role": "assistant", "content": "1 2 3"}]  # fmt: skip
+    _write_jsonl(chat, [{"messages": long}])
+    result = run_cli("tokenize", chat, "--model", demo_model, "--out", out, "--max-len", "600")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith(f"error: {chat}:1: messages: ") and "--max-len 600" in lines[0]
+    assert lines[1:] == [f"error: {chat}: 1 problem; no output written"], lines
+    assert not out.exists()
+    # in a child: transformers logs to the stderr it found at import, which CliRunner misses
+    result = run_cli("tokenize", chat, "--model", demo_model, "--out", out, in_process=False)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
+    assert "1 sample, 1,210 tokens" in result.stdout
 
 
 def test_demo_tokenizer_has_distinct_pad_and_eos(tokenizer):

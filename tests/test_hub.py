@@ -91,6 +91,118 @@ def test_offline_without_a_cached_copy_names_the_cache_and_the_fill_command(offl
     assert "no cached copy" in _error(lambda: resolve_model(REPO_ID, "no-such-branch"))
 
 
+def test_an_empty_revision_is_refused_not_taken_as_main(offline_home, tmp_path):
+    expected = (
+        "--model-revision: empty (''); name a branch, tag or commit, or leave the flag out for main"
+    )
+    assert _error(lambda: resolve_model(REPO_ID, "")) == expected
+    result = run_cli("resolve-model", "--model", REPO_ID, "--model-revision", "",
+                     "--out", tmp_path / "m.json")  # fmt: skip
+    assert result.returncode == 2 and result.stderr.splitlines() == [f"error: {expected}"]
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_ref_naming_a_missing_snapshot_says_so(demo_model, tmp_path, monkeypatch):
+    repo = use_offline_cache(monkeypatch, build_hub_cache(demo_model, tmp_path))
+    missing = "0" * 40
+    repo.set_ref("main", missing)
+    line = _error(lambda: resolve_model(REPO_ID))
+    assert f"refs/main names commit {missing}, which has no snapshot in the cache" in line, line
+    assert "no cached copy" not in line
+    assert "mini-trainer resolve-model --model demo-org/tiny-llama --model-revision main" in line
+
+
+def test_a_resume_after_main_moved_is_refused_before_anything_is_fetched(
+    demo_model, demo_dir, tmp_path, monkeypatch
+):
+    """The new commit of `main` has no snapshot in the (offline) cache: resolving it would fail
+    ("no cached copy"). The resume is refused with the moved-branch line instead, so nothing
+    of the new commit was fetched: the commit is looked up (refs/, one Hub call online) and
+    compared with the run's record first."""
+    from mini_trainer.models.hub import decide_commit
+
+    repo = use_offline_cache(monkeypatch, build_hub_cache(demo_model, tmp_path / "hf"))
+    first = (repo.folder / "refs" / "main").read_text()
+    out = tmp_path / "run"
+    out.mkdir()
+    record = {"model_name_or_path": str(repo.folder / "snapshots" / first),
+              "model_revision": first}  # fmt: skip
+    (out / "training_args.json").write_text(json.dumps(record))
+    assert decide_commit(REPO_ID, "main", out) == first  # not moved: the recorded commit
+    moved = "0" * 40
+    repo.set_ref("main", moved)
+    expected = (f"--model-revision: the state started from {REPO_ID} commit {first}, this run "
+                f"resolved {REPO_ID} to commit {moved} (the Hub's branch moved?); to continue "
+                f"the run, pin it: --model-revision {first}")  # fmt: skip
+    assert _error(lambda: decide_commit(REPO_ID, "main", out)) == expected
+    assert decide_commit(REPO_ID, first, out) == first  # pinned: continues
+    flags = base_flags(demo_dir, out, **{"model-name-or-path": REPO_ID, "resume": True})
+    refused = train_in_process(*flags)
+    assert refused.returncode == 2
+    assert [line for line in refused.stderr.splitlines() if "error" in line] == [
+        f"error: {expected}"
+    ], refused.stderr
+
+
+def test_srun_launch_decides_the_commit_once_for_every_node(offline_home, demo_dir, tmp_path):
+    """Before srun starts one launcher per node, `launch` replaces the branch by the commit it
+    names now, so a `main` that moves between the nodes' starts cannot split the job."""
+    commit = (offline_home.folder / "refs" / "main").read_text()
+    env = {**offline_home.env(), "SLURM_JOB_ID": "77", "SLURM_NTASKS": "2",
+           "SLURM_JOB_NODELIST": "n[1-2]"}  # fmt: skip
+    clean = {k: v for k, v in subprocess_env().items() if not k.startswith(("SLURM_", "HF_"))}
+    flags = base_flags(demo_dir, tmp_path / "run", **{"model-name-or-path": REPO_ID})
+    result = subprocess.run(
+        [sys.executable, "-m", "mini_trainer", "launch", "--nproc-per-node", "1", "--dry-run",
+         "--", *map(str, flags)],
+        capture_output=True, text=True, env={**clean, **env}, cwd=REPO_ROOT, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("srun ") and f"--model-revision {commit}" in result.stdout
+
+
+def _agree_on_rank(rank: int, init_file: str, hf_home: str, folders: list, out: str) -> None:
+    """One rank of `test_every_rank_trains_from_rank_0s_commit` (spawned)."""
+    import torch
+    import torch.distributed as dist
+
+    from mini_trainer.distributed.runtime import Runtime
+    from mini_trainer.train import agree_on_model
+    from mini_trainer.training_args import TrainingArgs
+
+    os.environ.update(HF_HOME=hf_home, HF_HUB_OFFLINE="1")
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    args = TrainingArgs(
+        model_name_or_path=folders[rank],
+        data_path="d",
+        output_dir="o",
+        model_revision=Path(folders[rank]).name,
+    )  # as the launcher pinned it
+    try:
+        agreed = agree_on_model(args, Runtime(rank, rank, 2, torch.device("cpu")))
+    finally:
+        dist.destroy_process_group()
+    Path(out, f"rank{rank}").write_text(f"{agreed.model_name_or_path} {agreed.model_revision}")
+
+
+@pytest.mark.slow
+def test_every_rank_trains_from_rank_0s_commit(demo_model, tmp_path):
+    """Two nodes' launchers resolved `main` at different moments (it moved in between): rank 1
+    holds the newer commit's folder, and takes rank 0's commit once the process group starts."""
+    import torch.multiprocessing as mp
+
+    repo = build_hub_cache(demo_model, tmp_path / "hf")
+    first = (repo.folder / "refs" / "main").read_text()
+    files = model_files(demo_model)
+    files["README.md"] = b"a new commit on main\n"
+    second = repo.add_snapshot(files)
+    folders = [str(repo.folder / "snapshots" / commit) for commit in (first, second)]
+    mp.spawn(_agree_on_rank, args=(str(tmp_path / "init"), str(repo.hf_home), folders,
+                                   str(tmp_path)), nprocs=2)  # fmt: skip
+    answers = {Path(tmp_path, f"rank{rank}").read_text() for rank in (0, 1)}
+    assert answers == {f"{folders[0]} {first}"}
+
+
 def test_repository_without_safetensors_is_refused(demo_model, tmp_path, monkeypatch):
     repo = HubRepo(tmp_path, "demo-org/pickled")
     files = {name: data for name, data in model_files(demo_model).items()

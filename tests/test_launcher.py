@@ -266,11 +266,29 @@ def test_a_bad_flag_is_refused_before_any_worker_starts(demo_dir, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def _start_infinite_run(demo_dir, out):
+def test_a_folder_in_use_is_refused_by_the_launcher_before_any_worker_starts(demo_dir, tmp_path):
+    """This process holds the folder's lock as a running job's rank 0 would: `launch` raises
+    the lock's one line itself (without the check it would start two workers, which would
+    then find the lock taken and return 2)."""
+    from mini_trainer.distributed import run_lock
+    from mini_trainer.train import launch
+
+    out = tmp_path / "run"
+    assert run_lock.try_lock(out) is None
+    try:
+        with pytest.raises(UserError, match=r"--output-dir is in use by another training job"):
+            launch(TorchrunArgs(nproc_per_node=2), base_flags(demo_dir, out))
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]
+    finally:
+        run_lock.release()
+    assert not out.exists()  # the lock made the folder and nothing else was written: removed
+
+
+def _start_infinite_run(demo_dir, out, **env):
     process = subprocess.Popen(
         launcher_command(*base_flags(demo_dir, out, **{"training-mode": "infinite"})),
-        env=subprocess_env(), cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
+        env=subprocess_env(**env), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 300
     while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
@@ -281,13 +299,20 @@ def _start_infinite_run(demo_dir, out):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGUSR1])  # SIGTERM/SIGINT: same path (test_train)
-def test_stop_signals_reach_every_worker_and_nothing_is_orphaned(demo_dir, tmp_path, signum):
+@pytest.mark.parametrize("stop", ["SIGUSR1", "pipeline killed"])  # SIGTERM/SIGINT: test_train
+def test_stop_signals_reach_every_worker_and_nothing_is_orphaned(demo_dir, tmp_path, stop):
+    """SIGUSR1 (which kills plain torchrun) reaches every worker; and the job stops the same
+    way when the Snakemake that started it is killed (here a `sleep` stands for it, named as
+    the pipeline's train rule names its Snakemake), so a rerun finds the folder free."""
+    from mini_trainer.distributed.run_lock import in_use
+    from mini_trainer.training.run_folder import classify
+
     out = tmp_path / "run"
-    process = _start_infinite_run(demo_dir, out)
+    pipeline = subprocess.Popen(["sleep", "600"])
+    process = _start_infinite_run(demo_dir, out, MINI_TRAINER_STOP_WITH_PID=str(pipeline.pid))
     workers = psutil.Process(process.pid).children(recursive=True)
     assert len(workers) >= 2
-    if signum == signal.SIGUSR1:
+    if stop == "SIGUSR1":
         # A second job on the same folder, even a --resume, is refused at once (a world of one,
         # in this process).
         second = train_in_process(
@@ -296,13 +321,26 @@ def test_stop_signals_reach_every_worker_and_nothing_is_orphaned(demo_dir, tmp_p
         assert second.returncode == 2, second.stderr
         (line,) = [text for text in second.stderr.splitlines() if text.startswith("error")]
         assert "--output-dir is in use by another training job (pid" in line
-    process.send_signal(signum)
+        process.send_signal(signal.SIGUSR1)
+    else:
+        pipeline.kill()
     _, stderr = process.communicate(timeout=300)
+    pipeline.kill()
+    pipeline.wait()
     assert process.returncode == 75, stderr
     assert "Traceback" not in stderr
-    assert f"stopped by {signal.Signals(signum).name}" in stderr
+    signame = "SIGUSR1" if stop == "SIGUSR1" else "SIGTERM"
+    assert f"stopped by {signame}" in stderr
+    if stop != "SIGUSR1":
+        assert f"the process {pipeline.pid} that started this job" in stderr, stderr
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive, f"orphaned workers: {alive}"
+    assert in_use(out) is None
+    # The newest intact state (checksums verified): what a SIGTERM to plain torchrun's agent
+    # (the same agent, run in the launcher) gave test_train's former torchrun test.
+    assert classify(out).state == out / "state" / max(
+        (p.name for p in (out / "state").iterdir()), key=lambda n: int(n.split("_")[1])
+    )
     (state,) = (out / "state").iterdir()
     assert sorted(p.name for p in state.glob("rng_rank*.pt")) == ["rng_rank0.pt", "rng_rank1.pt"]
     assert read_metrics(out)[-1]["step"] == int(state.name.removeprefix("step_"))

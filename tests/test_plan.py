@@ -148,6 +148,9 @@ def test_plan_table_says_when_70b_does_not_fit_and_the_largest_t():
         (["--max-tokens-per-gpu", "0"], "--max-tokens-per-gpu: must be at least 1"),
         (["--max-tokens-per-gpu", "512", "--batch-size", "4"], "--batch-size: 4 samples"),
         (["--max-tokens-per-gpu", "512", "--gpu", "Z9000"], "--gpu: unknown GPU name"),
+        (["--gpu-memory-gib", "nan"], "--gpu-memory-gib: 'nan' is not a finite number above 0"),
+        (["--gpu-memory-gib", "inf"], "--gpu-memory-gib: 'inf' is not a finite number above 0"),
+        (["--peak-tflops", "-inf"], "--peak-tflops: '-inf' is not a finite number above 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(flags, message):
@@ -175,6 +178,21 @@ def test_unknown_model_family_is_one_line(tmp_path):
     assert "unknown model family 'no-such-family'" in result.stderr
     with pytest.raises(UserError):
         load_config(tmp_path, "cuda")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ([1, 2], "not a model config (a JSON object), a list"),
+        ({"hidden_size": 64}, "model_type: missing (which model family is it?)"),
+        ({"model_type": ["llama"]}, "model_type: unknown model family ['llama']"),
+    ],
+)
+def test_config_that_is_not_a_model_config_is_one_line(tmp_path, config, message):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError) as caught:
+        load_config(tmp_path, "cuda")
+    assert caught.value.lines == [f"{tmp_path / 'config.json'}: {message}"]
 
 
 def _benchmark():

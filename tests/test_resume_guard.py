@@ -21,6 +21,7 @@ from mini_trainer.training.fingerprint import (
     file_digest,
     model_fingerprint,
     options_fingerprint,
+    validation_fingerprint,
 )
 from mini_trainer.training.resume import RESUMES_FILE, choose_state, damage, record_start
 from mini_trainer.training_args import TrainingArgs
@@ -57,6 +58,37 @@ def test_changed_options_give_one_line_each_and_may_change_ones_none():
     model = differences(saved, fingerprint_of(make_args(), model="other"))
     assert model == ["--model-name-or-path: not the base model the state started from "
                      "(differs in config.json)"]  # fmt: skip
+
+
+def test_validation_file_is_compared_by_content_not_path(tmp_path):
+    first, moved = tmp_path / "val.jsonl", tmp_path / "elsewhere" / "val.jsonl"
+    first.write_text('{"input_ids": [1, 2], "labels": [1, 2]}\n')
+    moved.parent.mkdir()
+    shutil.copy(first, moved)
+
+    def run(path):
+        return {**fingerprint_of(make_args(validation_data_path=str(path) if path else None)),
+                "validation": validation_fingerprint(path)}  # fmt: skip
+
+    saved = run(first)
+    assert differences(saved, run(moved)) == []  # moved, identical: the same run
+    moved.write_text('{"input_ids": [1, 3], "labels": [1, 3]}\n')  # same size, edited
+    assert differences(saved, run(moved)) == [
+        f"--validation-data-path: {moved}: not the validation data the state was saved with "
+        f"(different content (then {first}))"
+    ]
+    assert differences(saved, run(None)) == [
+        f"--validation-data-path: the state was saved with the validation file {first}, this "
+        "run has none"
+    ]
+    assert differences(run(None), run(first)) == [
+        f"--validation-data-path: the state was saved without a validation file, this run "
+        f"has {first}"
+    ]
+    # A state saved before the content was fingerprinted knows the path only: accepted.
+    legacy = {key: value for key, value in saved.items() if key != "validation"}
+    legacy["options"] = {**saved["options"], "validation_data_path": str(first)}
+    assert differences(legacy, run(moved)) == []
 
 
 def test_may_change_list_names_real_options():

@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +18,7 @@ from helpers import REPO_ROOT, base_flags, run_cli
 from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.errors import UserError
 from mini_trainer.training.checkpoint_policy import Due, checkpoints_due
-from mini_trainer.training.resume import choose_state
+from mini_trainer.training.resume import choose_state, shared_verdicts
 from mini_trainer.training.run_folder import (
     MOVE_ASIDE,
     RESUME,
@@ -164,6 +165,58 @@ def test_a_state_checksummed_with_sha256_by_an_earlier_version_is_still_verified
     table["algorithm"] = "md4"
     (state / CHECKSUMS).write_text(json.dumps(table))
     assert damage(state) == f"{CHECKSUMS}: unknown algorithm 'md4'"
+
+
+def test_a_mismatch_another_rank_found_is_the_same_fallback_and_refusal(tmp_path):
+    """`choose_state` takes the verdicts every rank found together (`shared_verdicts`): a state
+    intact to rank 0 but not to another rank is moved aside as rank 0's own finding would be;
+    with no state intact to every rank, the resume is refused."""
+    older, newest = save_state(tmp_path, 2), save_state(tmp_path, 4)
+    assert shared_verdicts(tmp_path, None) == {newest: None}  # this process alone: all fine
+    seen = f"{shard_of(newest).name}: content differs from {CHECKSUMS} (xxh3_64) (seen by rank 1)"
+    assert choose_state(tmp_path, None, True, {newest: seen, older: None}) == older
+    assert (tmp_path / "state" / ".damaged-step_4").is_dir()
+    with pytest.raises(UserError) as refused:
+        choose_state(tmp_path, None, True, {older: "x (seen by rank 3)"})
+    assert refused.value.lines[0] == f"{older}: damaged: x (seen by rank 3)"
+    flip_bytes(shard_of(older))
+    assert shared_verdicts(tmp_path, None) == {
+        older: f"{shard_of(older).name}: content differs from {CHECKSUMS} (xxh3_64)"
+    }
+
+
+def _verify_on_rank(rank: int, world: int, init_file: str, folder: str, results: str) -> None:
+    """One rank of `test_every_rank_verifies_its_share_of_a_state` (spawned)."""
+    import torch.distributed as dist
+
+    from mini_trainer.training.state_checksums import verify_shared
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)  # fmt: skip
+    runtime = Runtime(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"))
+    try:
+        answer = verify_shared(Path(folder), runtime)
+    finally:
+        dist.destroy_process_group()
+    (Path(results) / f"rank{rank}.json").write_text(json.dumps(answer))
+
+
+@pytest.mark.slow
+def test_every_rank_verifies_its_share_of_a_state(tmp_path):
+    """Two gloo ranks share the hashing as at save (biggest first, every other file): a file in
+    rank 1's share that differs is rank 1's finding, and both ranks give the same answer."""
+    import torch.multiprocessing as mp
+
+    state = save_state(tmp_path / "run", 2)
+    table = json.loads((state / CHECKSUMS).read_text())["files"]
+    ordered = sorted(table, key=lambda name: (-table[name]["size"], name))
+    flip_bytes(state / ordered[1], offset=0)  # the second biggest: rank 1's share
+    results = tmp_path / "results"
+    results.mkdir()
+    mp.spawn(_verify_on_rank, args=(2, str(tmp_path / "init"), str(state), str(results)),
+             nprocs=2)  # fmt: skip
+    answers = {json.loads((results / f"rank{rank}.json").read_text()) for rank in (0, 1)}
+    assert answers == {f"{ordered[1]}: content differs from {CHECKSUMS} (xxh3_64) (seen by rank 1)"}
 
 
 def test_missing_checksums_damage_a_new_state_but_not_an_old_one(tmp_path):

@@ -137,7 +137,17 @@ def test_invalid_validation_file_is_file_line_and_exit_2(demo_dir, tmp_path):
     # The training data's own report (the same code checks both): one problem is one line.
     assert len(errors) == 1, result.stderr
     assert errors[0].startswith(f"error: {bad}:2: labels: "), result.stderr
-    assert not (out / "metrics.jsonl").exists()
+    assert not out.exists()  # refused before anything was written: no `.lock`-only folder
+    # A sample over the validation cap names the validation's own flag, twice.
+    flags += ["--validation-data-path", demo_dir / "data/sort.eval.jsonl",
+              "--validation-max-tokens-per-gpu", "8"]  # fmt: skip
+    result = train_in_process(*flags)
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert "more than --validation-max-tokens-per-gpu 8" in errors[0], result.stderr
+    assert "raise --validation-max-tokens-per-gpu to at least" in errors[-1], result.stderr
+    assert "--max-tokens-per-gpu" not in result.stderr.replace("--validation-max", ""), errors
+    assert not out.exists()
 
 
 def test_the_training_file_as_validation_file_is_warned_about(tmp_path):

@@ -6,10 +6,12 @@ a default), so a shared option is named, typed and checked the same way everywhe
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import click
 
+from mini_trainer.errors import UserError
 from mini_trainer.models.hub import resolve_once_per_node
 
 FILE = click.Path(dir_okay=False, path_type=Path)
@@ -80,3 +82,24 @@ def max_tokens_option(help: str, default: int | None = None):
         help=help,
         **given_default,
     )
+
+
+class PositiveFinite(click.ParamType):
+    """A number > 0 that is finite: click's `FloatRange(min=0, min_open=True)` takes `nan` (no
+    comparison is true of it) and `inf`, which then crash or mislead the arithmetic. A bad
+    value is a `UserError`: one line, exit status 2."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx) -> float:
+        flag = param.opts[0] if param is not None else "value"
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number) or number <= 0:
+            raise UserError(f"{flag}: {value!r} is not a finite number above 0")
+        return number
+
+
+POSITIVE_FINITE = PositiveFinite()

@@ -10,6 +10,8 @@ import sys
 import click
 
 from mini_trainer.cli.group import cli
+from mini_trainer.cli.options import POSITIVE_FINITE
+from mini_trainer.distributed.lifetime import STOP_WITH_ENV
 from mini_trainer.distributed.slurm import plan_launch, with_allocation
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import split_launcher_args
@@ -17,6 +19,7 @@ from mini_trainer.plan.inputs import Cluster, make_plan
 from mini_trainer.plan.render import table
 from mini_trainer.train import launch as launch_training
 from mini_trainer.train import main as train_main
+from mini_trainer.train import pin_commit_flags
 from mini_trainer.training_args import parse_training_args
 
 
@@ -74,7 +77,10 @@ def launch(
     """
     flags = list(train_args)
     parse_training_args(flags)  # a bad flag fails here, before any process or node starts
-    plan = plan_launch(with_allocation(os.environ), nproc_per_node, flags, rdzv_port=rdzv_port)
+    env = with_allocation(os.environ)
+    if env.get("SLURM_JOB_ID") and "SLURM_STEP_ID" not in env:  # srun starts one per node:
+        flags = pin_commit_flags(flags)  # a Hub branch's commit decided once, for every node
+    plan = plan_launch(env, nproc_per_node, flags, rdzv_port=rdzv_port)
     if dry_run:
         click.echo(shlex.join(plan.argv))
         return
@@ -82,7 +88,9 @@ def launch(
     sys.stdout.flush()
     sys.stderr.flush()
     if plan.torchrun is None:
-        # exec, not a child: Slurm's and the user's signals go straight to srun.
+        # exec, not a child: Slurm's and the user's signals go straight to srun. The pid to
+        # stop with names a process of this host only; Slurm ends the steps with the job.
+        os.environ.pop(STOP_WITH_ENV, None)
         os.execvp(plan.argv[0], plan.argv)
     # torchrun's elastic agent in this process: the launch path of `train --nproc-per-node`
     # (signals forwarded to the workers, each error printed once, the documented exit status).
@@ -111,7 +119,7 @@ def launch(
 )  # fmt: skip
 @click.option(
     "--gpu-memory-gib",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_FINITE,
     required=True,
     help="Memory of one GPU (or, with --device cpu, the host memory per rank).",
 )
@@ -123,13 +131,13 @@ def launch(
 )
 @click.option(
     "--peak-tflops",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_FINITE,
     default=None,
     help="Peak TFLOP/s of one GPU for the step-time estimate (instead of --gpu).",
 )
 @click.option(
     "--bandwidth-gbs",
-    type=click.FloatRange(min=0, min_open=True),
+    type=POSITIVE_FINITE,
     default=None,
     help="Collective bandwidth per GPU, GB/s [default: 360 on one node, 45 across].",
 )

@@ -100,7 +100,9 @@ def tokenize_conversation(tokenizer, messages: Sequence[dict]) -> TokenizedSampl
     if problem:
         raise ValueError(problem)
     text, spans = assistant_char_spans(tokenizer, messages)
-    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    # verbose=False: no "will result in indexing errors" warning beyond the tokenizer's
+    # model_max_length; the length rule is the caller's (--max-len), reported in its own line.
+    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     input_ids = list(encoding["input_ids"])
     offsets = encoding["offset_mapping"]
     labels = [IGNORE_INDEX] * len(input_ids)

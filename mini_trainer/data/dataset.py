@@ -24,6 +24,8 @@ import orjson
 import pandas as pd
 
 from mini_trainer.data.index_file import check_columns, read_index
+from mini_trainer.data.lines import count_lines
+from mini_trainer.data.mix import line_sources
 from mini_trainer.errors import UserError
 
 
@@ -95,18 +97,29 @@ class IndexedJsonlDataset:
         except (ValueError, KeyError, TypeError):
             sample = input_ids = labels = None
         if input_ids is None or len(input_ids) != self._lengths[i] or len(raw) != nbytes:
-            raise UserError(
-                f"{self.data_path}:{self._lines[i]}: the data no longer matches its index "
-                "(the file changed after validation); rerun `mini-trainer validate`"
-            )
+            raise self._bad_line(
+                i, "the data no longer matches its index (the file changed after validation); "
+                "rerun `mini-trainer validate`",
+            )  # fmt: skip
         if self.vocab_size is not None:
             problem = _token_problem(input_ids, labels, self.vocab_size)
             if problem:
-                raise UserError(
-                    f"{self.data_path}:{self._lines[i]}: {problem} (the file changed after "
-                    "validation); rerun `mini-trainer validate`"
-                )
+                raise self._bad_line(
+                    i, f"{problem} (the file changed after validation); rerun "
+                    "`mini-trainer validate`",
+                )  # fmt: skip
         return {"input_ids": input_ids, "labels": labels}
+
+    def _bad_line(self, i: int, reason: str) -> UserError:
+        """`FILE:LINE: reason`, and for a mixture the input line it came from, as `validate`
+        names it (`mix.line_sources`, from the NAME.mix.json sidecar): the file to fix."""
+        line = int(self._lines[i])
+        text = f"{self.data_path}:{line}: {reason}"
+        try:
+            source = line_sources(self.data_path, count_lines(self.data_path))
+        except OSError:
+            source = None
+        return UserError(f"{text} (from {source(line)})" if source else text)
 
     def close(self) -> None:
         """Close the file descriptor; a later `__getitem__` reopens it."""

@@ -83,9 +83,13 @@ def split_ranges(path: str | os.PathLike, size: int, chunk_bytes: int = CHUNK_BY
     return bounds
 
 
+LONG_FLAG = "--max-tokens-per-gpu"
+"""The cap a long sample's reason names; `build_index` names its caller's flag instead."""
+
+
 def _long_reason(length: int, max_tokens: int) -> str:
     # The remedy is the caller's to say, once (it differs for validate and train).
-    return f"{length} tokens, more than --max-tokens-per-gpu {max_tokens}"
+    return f"{length} tokens, more than {LONG_FLAG} {max_tokens}"
 
 
 def scan_range(task: ScanTask) -> RangeResult:

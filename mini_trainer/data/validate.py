@@ -17,7 +17,7 @@ import numpy as np
 from mini_trainer.data.index_file import INDEX_COLUMNS, fingerprint, write_index
 from mini_trainer.data.mix import line_sources
 from mini_trainer.data.problems import ProblemLog
-from mini_trainer.data.scan import scan_file
+from mini_trainer.data.scan import LONG_FLAG, scan_file
 from mini_trainer.errors import UserError
 
 if TYPE_CHECKING:
@@ -74,6 +74,7 @@ def build_index(
     workers: int | None = None,
     long_hint: str = VALIDATE_LONG_HINT,
     outcome: str | None = "no index written",
+    cap_flag: str = "--max-tokens-per-gpu",
 ) -> tuple[pd.DataFrame, dict]:
     """Check every line of `data_path`; return the index and a summary, or raise `UserError`.
 
@@ -84,7 +85,9 @@ def build_index(
     processes check the file (default: the usable CPUs, up to 8; small files use one).
     `long_hint` (its "{count}" replaced by the number) ends the error when samples are over
     the cap: the remedy depends on the command that called. `outcome` ends the total line
-    (None: the caller writes no index, so a single problem is its one line).
+    (None: the caller writes no index, so a single problem is its one line). `cap_flag` is the
+    option that set `max_tokens` (training's validation file has its own), named wherever a
+    sample over it is reported.
     """
     if on_long not in ON_LONG:
         raise ValueError(f"on_long must be one of {ON_LONG}, got {on_long!r}")
@@ -92,6 +95,7 @@ def build_index(
     log = ProblemLog(str(data_path))
     source = line_sources(data_path, scan.lines) if scan.problems else None
     for number, field, reason in scan.problems:
+        reason = reason.replace(LONG_FLAG, cap_flag)
         log.add(number, field, f"{reason} (from {source(number)})" if source else reason)
     log.count += scan.problem_count - len(scan.problems)  # found but not kept for printing
     dropped, total_lines = scan.dropped, scan.lines
@@ -102,7 +106,7 @@ def build_index(
         log.add_file_problem("the file grew while it was being validated")
     elif not log.count and not len(scan.rows):
         log.add_file_problem(
-            f"no sample left: all {dropped} are longer than --max-tokens-per-gpu {max_tokens}"
+            f"no sample left: all {dropped} are longer than {cap_flag} {max_tokens}"
         )
     hints = [long_hint.replace("{count}", str(scan.too_long))] if scan.too_long else []
     log.raise_if_any(outcome, hints)

@@ -30,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mini_trainer.distributed.lifetime import lost_rendezvous
+from mini_trainer.distributed.lifetime import env_stop_pid, lost_rendezvous, stop_when_gone
 from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 
 if TYPE_CHECKING:
@@ -43,6 +43,11 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 SHUTDOWN_TIMEOUT_S = 300
 """How long workers get to finish their step and save after a stop signal, before SIGKILL."""
 EXIT_CRASH = 1
+REPRODUCIBLE_MKL = ("MKL_CBWR", "AUTO,STRICT")
+"""MKL's conditional numerical reproducibility, strict mode: the same results for the same
+inputs whatever the arrays' memory alignment (without it, some kernels take other code paths
+for unaligned data, which can change the last bits between two runs of one command). The CPU
+path's cost: docs/benchmarks.md. A value the user set is kept."""
 
 
 def write_report(
@@ -149,11 +154,11 @@ def torchrun_command(
     return [python, "-m", "torch.distributed.run", *worker_argv(torchrun_args, train_flags)]
 
 
-def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
+def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> tuple[int, list[str]]:
     """Run the training job on this node's workers with torchrun's elastic agent in this
-    process; return the job's exit status. The flags are not checked here: `train.launch`
-    checks them first (the one launch path of `train --nproc-per-node`, `launch` and
-    `run_training`)."""
+    process; return the job's exit status and the lines it printed. The flags are not checked
+    here: `train.launch` checks them first (the one launch path of `train --nproc-per-node`,
+    `launch` and `run_training`)."""
     # deferred: torch (workers import this module for write_report before their flags are read)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -174,6 +179,7 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
     if parsed.master_port is None:
         parsed.master_port = 29500
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default, without its banner
+    os.environ.setdefault(*REPRODUCIBLE_MKL)  # read by MKL in each worker when it starts
     # torchrun's warnings about the flags built here (--node-rank is ignored by c10d) and the
     # agent's own log lines (worker started, signal forwarded, "failed (exitcode: 2)") say
     # nothing the outcome below does not; their errors still show.
@@ -187,7 +193,8 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="mini-trainer-reports-") as folder:
         os.environ[REPORT_DIR_ENV] = folder
         try:
-            elastic_launch(config, command)(*command_args)
+            with stop_when_gone(env_stop_pid()):  # the pipeline's Snakemake, when it set one
+                elastic_launch(config, command)(*command_args)
         except ChildFailedError as error:
             failures = {rank: failure.exitcode for rank, failure in error.failures.items()}
         except SignalException as error:
@@ -203,4 +210,4 @@ def supervise(torchrun_args: TorchrunArgs, train_flags: list[str]) -> int:
         status, lines = 1, [f"error: {lost}"]
     for line in lines:
         print(line, file=sys.stderr)
-    return status
+    return status, lines

@@ -7,17 +7,23 @@ everyone else out. Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`) makes
 the worker SIGTERM when its parent dies: the worker then stops as on any SIGTERM (finish the
 step, save a state, exit 75), so the run resumes exactly with `--resume`.
 
+The same holds one level up, for the pipeline: a job started by Snakemake's train rule stops
+(state saved, exit 75) when that Snakemake ends (`STOP_WITH_ENV`).
+
 The other way round, a worker whose peer died (another host's processes killed) fails in its
 next collective; `lost_peer` turns that into one line instead of the collective's traceback.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
+import select
 import signal
 import sys
+import threading
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,6 +46,79 @@ def stop_with_parent(signum: int = signal.SIGTERM) -> bool:
     if os.getppid() != parent or parent == 1:  # orphaned before the request took effect
         os.kill(os.getpid(), signum)
     return True
+
+
+STOP_WITH_ENV = "MINI_TRAINER_STOP_WITH_PID"
+"""A process id (on this host) whose end stops the job as a SIGTERM would: the pipeline's train
+rule sets it to the Snakemake that runs the rule (`$PPID` of the rule's shell). Killing
+Snakemake alone (local execution) would otherwise leave the job training, unsupervised, while
+its lock keeps a rerun out; the parent-death signal cannot help, since the job's parent is the
+rule's shell, which outlives Snakemake."""
+
+
+@contextlib.contextmanager
+def stop_when_gone(pid: int | None, signum: int = signal.SIGTERM):
+    """While the block runs, send this process `signum` once process `pid` has ended (at once
+    if it already has); `pid` None watches nothing.
+
+    A daemon thread waits on a pidfd (Linux 5.3+; it names the process itself, so a reused pid
+    cannot fool it), or else polls the pid every second. The signal is handled as the user's
+    own would be: the launcher forwards it to the workers, which finish the step, save, and
+    exit 75. The watch ends with the block, so a caller that goes on is never signalled."""
+    if pid is None:
+        yield
+        return
+    done = threading.Event()
+
+    def wait() -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            fd = None  # already gone
+        except (OSError, AttributeError):  # no pidfd here: poll the pid
+            fd = -1
+        if fd is not None and fd >= 0:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            while not done.is_set() and not poller.poll(500):
+                pass
+            os.close(fd)
+        elif fd == -1:
+            while not done.wait(1.0) and _alive(pid):
+                pass
+        if done.is_set():
+            return
+        print(
+            f"warning: the process {pid} that started this job ({STOP_WITH_ENV}) ended: "
+            f"stopping as on {signal.Signals(signum).name}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.kill(os.getpid(), signum)
+
+    thread = threading.Thread(target=wait, name="stop-when-gone", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def env_stop_pid() -> int | None:
+    """The process id `STOP_WITH_ENV` names, or None (unset, or not a pid: it is set by the
+    pipeline, never by hand)."""
+    value = os.environ.get(STOP_WITH_ENV, "").strip()
+    return int(value) if value.isdigit() and int(value) > 1 else None
 
 
 LOST_PEER_SIGNS = (

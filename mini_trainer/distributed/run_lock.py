@@ -10,6 +10,7 @@ system works only where the file system supports it: NFSv4 and Lustre with `floc
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import socket
@@ -20,43 +21,55 @@ from mini_trainer.errors import UserError
 
 LOCK_NAME = ".lock"
 _held: list[int] = []  # descriptors kept open (and so locked) until the process exits
+_created: list[Path] = []  # folders the lock created: removed at release if still bare
 
 
 def try_lock(out_dir: Path) -> str | None:
     """Lock `out_dir/.lock` for this process; None on success, else why not (one line)."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        if not out_dir.exists():
+            out_dir.mkdir(parents=True, exist_ok=True)
+            _created.append(out_dir)
         fd = os.open(out_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as error:
         return f"{out_dir}: --output-dir: cannot create a lock file there ({error.strerror})"
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+        problem = _busy(out_dir, fd)
         os.close(fd)
-        return (
-            f"{out_dir}: --output-dir is in use by another training job ({holder}); "
-            "wait for it to end or choose another folder"
-        )
+        return problem
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
     _held.append(fd)
     return None
 
 
-def in_use(out_dir: Path) -> bool:
-    """Whether a job holds `out_dir`'s lock now (creates nothing; for checks before a start)."""
+def _busy(out_dir: Path, fd: int) -> str:
+    """The one line for a folder whose lock (open as `fd`) another job holds."""
+    holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+    return (
+        f"{out_dir}: --output-dir is in use by another training job ({holder}); "
+        "wait for it to end or choose another folder"
+    )
+
+
+def in_use(out_dir: Path) -> str | None:
+    """Why `out_dir` cannot be trained in now (a job holds its lock), or None; creates nothing.
+
+    For the launcher's checks before any worker starts: the workers' rank 0 still takes the
+    lock itself (two launches at the same instant both pass this check; one lock wins)."""
     try:
         fd = os.open(out_dir / LOCK_NAME, os.O_RDWR)
     except OSError:
-        return False
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        return True
+        return _busy(out_dir, fd)
     finally:
         os.close(fd)  # closing drops a lock taken here
-    return False
+    return None
 
 
 def lock_output_dir(out_dir: Path, runtime: Runtime) -> None:
@@ -68,6 +81,16 @@ def lock_output_dir(out_dir: Path, runtime: Runtime) -> None:
 
 
 def release() -> None:
-    """Drop this process's locks (the end of the process does it too)."""
+    """Drop this process's locks (the end of the process does it too).
+
+    A folder the lock created that still holds nothing but `.lock` (the job was refused before
+    it wrote anything: a bad validation file, a bad data line) is removed first, while still
+    locked: a refusal leaves no `.lock`-only folder behind."""
+    while _created:
+        folder = _created.pop()
+        with contextlib.suppress(OSError):
+            if [path.name for path in folder.iterdir()] == [LOCK_NAME]:
+                (folder / LOCK_NAME).unlink()
+                folder.rmdir()
     while _held:
         os.close(_held.pop())

@@ -58,19 +58,24 @@ def check_inputs(model_path: Path, data_paths: list[Path]) -> None:
 
 
 EVAL_LONG_HINT = (
-    "samples longer than --max-tokens-per-gpu: {count}; raise --max-tokens-per-gpu to at least "
+    "samples longer than {flag}: {count}; raise {flag} to at least "
     "the longest (an evaluation scores every sample: none is left out)"
 )
 """The remedy for over-long samples here: validate's (--on-long drop) is no option of evaluate."""
 
 
-def load_eval_dataset(data_path: Path, model_path: Path, max_tokens: int, runtime: Runtime):
-    """Rank 0 validates the file exactly as `mini-trainer validate` does; every rank gets it."""
+def load_eval_dataset(
+    data_path: Path, model_path: Path, max_tokens: int, runtime: Runtime,
+    flag: str = "--max-tokens-per-gpu",
+):  # fmt: skip
+    """Rank 0 validates the file exactly as `mini-trainer validate` does; every rank gets it.
+    `flag` is the option that set `max_tokens`, which an over-long sample's advice names."""
     vocab_size = read_vocab_size(model_path)
+    hint = EVAL_LONG_HINT.replace("{flag}", flag)
 
     def index_on_main():
-        return build_index(data_path, vocab_size, max_tokens, long_hint=EVAL_LONG_HINT,
-                           outcome=None)[0]  # fmt: skip
+        return build_index(data_path, vocab_size, max_tokens, long_hint=hint,
+                           outcome=None, cap_flag=flag)[0]  # fmt: skip
 
     return IndexedJsonlDataset(data_path, decided_on_main(index_on_main, runtime), vocab_size)
 

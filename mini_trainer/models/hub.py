@@ -100,6 +100,19 @@ def not_a_model(name: str, flag: str = "--model") -> str | None:
     return f"{name}: {flag}: no such model folder, and not a Hugging Face Hub id (ORG/NAME)"
 
 
+def check_revision(revision: str | None) -> str:
+    """The revision to ask for (None is `main`); an empty one is refused, never taken as `main`
+    silently (an unset shell variable in `--model-revision "$REV"`)."""
+    if revision is None:
+        return "main"
+    if not revision.strip():
+        raise UserError(
+            f"--model-revision: empty ({revision!r}); name a branch, tag or commit, or leave the "
+            "flag out for main"
+        )
+    return revision
+
+
 def resolve_model(
     name: str | os.PathLike, revision: str = "main", weights: bool = True, flag: str = "--model"
 ):
@@ -110,6 +123,7 @@ def resolve_model(
     safetensors weights, and an incomplete snapshot.
     """
     text = str(name)
+    revision = check_revision(revision)
     if Path(text).is_dir():
         if not (Path(text) / "config.json").is_file():
             raise UserError(
@@ -118,7 +132,6 @@ def resolve_model(
         return ResolvedModel(Path(text), None)
     if problem := not_a_model(text, flag):
         raise UserError(problem)
-    revision = revision or "main"
     folder = Path(_snapshot(text, revision, weights))
     check_snapshot(folder, text, revision, weights)
     return ResolvedModel(folder, folder.name, text, revision)
@@ -148,7 +161,7 @@ def lookup_commit(hub_id: str, revision: str = "main") -> str:
     # deferred: huggingface_hub (as in _snapshot)
     from huggingface_hub import HfApi
 
-    revision = revision or "main"
+    revision = check_revision(revision)
     if COMMIT.match(revision):
         return revision
     if problem := not_a_model(hub_id):
@@ -158,6 +171,37 @@ def lookup_commit(hub_id: str, revision: str = "main") -> str:
         return api.resolve_revision(
             hub_id, revision=revision, cache_dir=hub_cache_dir(), local_files_only=offline()
         ).resolved
+
+
+def moved_branch_line(hub_id: str, recorded: str, now: str) -> str:
+    """The one line for a resume whose revision now names another commit than the run's."""
+    return (
+        f"--model-revision: the state started from {hub_id} commit {recorded}, this run "
+        f"resolved {hub_id} to commit {now} (the Hub's branch moved?); to continue the run, "
+        f"pin it: --model-revision {recorded}"
+    )
+
+
+def recorded_commit(out_dir: Path, hub_id: str) -> str | None:
+    """The commit a run in `out_dir` started from (its training_args.json), if it is a run of
+    `hub_id`; None for a new folder or a local model."""
+    try:
+        record = json.loads((out_dir / "training_args.json").read_text())
+        source = hub_source(record["model_name_or_path"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return source["commit"] if source and source["hub_id"] == hub_id else None
+
+
+def decide_commit(hub_id: str, revision: str | None, resume_dir: Path | None = None) -> str:
+    """The commit a job trains from, decided without fetching any file (`lookup_commit`); with
+    `resume_dir`, a revision that now names another commit than the run recorded is refused
+    here, before anything of that commit is downloaded."""
+    commit = lookup_commit(hub_id, revision)
+    recorded = recorded_commit(resume_dir, hub_id) if resume_dir is not None else None
+    if recorded is not None and commit != recorded:
+        raise UserError(moved_branch_line(hub_id, recorded, commit))
+    return commit
 
 
 @contextlib.contextmanager
@@ -199,12 +243,27 @@ def hub_errors(hub_id: str, revision: str):
                 f"(an interrupted download?); complete it with network access: {fetch}"
             ) from None
         reason = "offline (HF_HUB_OFFLINE)" if offline() else "the Hub cannot be reached"
+        if stale := _dangling_ref(repo_folder(hub_id, cache), revision):
+            raise UserError(
+                f"{where}: {reason}, and the cache's refs/{revision} names commit {stale}, "
+                f"which has no snapshot in the cache (a snapshot deleted by hand?); fill it on a "
+                f"host with network access: {fetch}"
+            ) from None
         raise UserError(
             f"{where}: {reason} and no cached copy in {repo_folder(hub_id, cache)}; "
             f"fill the cache on a host with network access: {fetch}"
         ) from None
     except OSError as error:  # a network, disk or HTTP error not classified above
         raise UserError(f"{where}: cannot fetch the model: {_first_line(error)}") from None
+
+
+def _dangling_ref(repo: Path, revision: str) -> str | None:
+    """The commit `refs/<revision>` names when that commit has no snapshot folder, else None."""
+    try:
+        commit = (repo / "refs" / revision).read_text().strip()
+    except (OSError, ValueError):
+        return None
+    return commit if COMMIT.match(commit) and not (repo / "snapshots" / commit).is_dir() else None
 
 
 def _first_line(error: Exception) -> str:

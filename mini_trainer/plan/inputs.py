@@ -39,7 +39,7 @@ class Cluster:
 def resolve_model_dir(model: str, revision: str | None) -> Path:
     """The local folder holding `config.json`: a local folder, or a Hub id resolved (config and
     tokenizer files only, never weights) into the Hugging Face cache."""
-    path = resolve_model(model, revision or "main", weights=False, flag="--model").folder
+    path = resolve_model(model, revision, weights=False, flag="--model").folder
     if not (path / "config.json").is_file():
         raise UserError(f"{model}: --model: no config.json in this folder")
     return path
@@ -62,12 +62,18 @@ def load_config(model_dir: Path, device: str):
 
     from mini_trainer.training import model_setup, packed_attention
 
+    path = model_dir / "config.json"
     try:
-        family = json.loads((model_dir / "config.json").read_text()).get("model_type")
+        config = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        raise UserError(f"{model_dir / 'config.json'}: not readable JSON ({error})") from None
-    if family not in CONFIG_MAPPING:
-        raise UserError(f"{model_dir / 'config.json'}: unknown model family {family!r}")
+        raise UserError(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path}: not a model config (a JSON object), a {type(config).__name__}")
+    family = config.get("model_type")
+    if family is None:
+        raise UserError(f"{path}: model_type: missing (which model family is it?)")
+    if not isinstance(family, str) or family not in CONFIG_MAPPING:
+        raise UserError(f"{path}: model_type: unknown model family {family!r}")
     # the implementation every family accepts; the trace swaps in its own stand-ins
     return model_setup.load_config(str(model_dir), packed_attention.register())
 

@@ -12,7 +12,9 @@ What the fingerprint covers:
 - the data file: its size and content hash (see `file_digest`) plus a hash of its index (byte
   offsets, lengths, loss tokens of every sample);
 - the base model: `config.json` whole, every weights file by `file_digest`, and for a Hub
-  id the repository and commit it resolved to (a `main` that moved is refused by name).
+  id the repository and commit it resolved to (a `main` that moved is refused by name);
+- the validation file, if any: by `file_digest` too (its path is kept for the messages only),
+  so a moved identical file resumes and an edited one is refused, naming it.
 
 `file_digest` hashes files up to `FULL_HASH_BYTES` whole; larger files by their size, their
 first and last MiB and `SAMPLED_BLOCKS` blocks spread evenly over the file. An edit of a large
@@ -31,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from mini_trainer.io_utils import hash_file
-from mini_trainer.models.hub import hub_source
+from mini_trainer.models.hub import hub_source, moved_branch_line
 
 FULL_HASH_BYTES = 64 * 1024**2
 """Files up to this size are hashed whole (about 0.1 s per 64 MiB)."""
@@ -44,6 +46,7 @@ MAY_CHANGE_ON_RESUME = (
     "model_revision",  # the resolved Hub commit is in the model fingerprint
     "data_path",  # a path: the data's content is fingerprinted instead
     "data_index",  # the index is derived from the data (its content is in the data fingerprint)
+    "validation_data_path",  # a path: the validation file's content is fingerprinted instead
     "output_dir",  # the folder may be moved
     "resume",
     "save_every_steps",
@@ -115,12 +118,20 @@ def model_fingerprint(model_path: str | os.PathLike) -> dict:
     return files
 
 
+def validation_fingerprint(path: str | os.PathLike | None) -> dict | None:
+    """The validation file's content digest (and its path, for messages); None without one."""
+    if path is None:
+        return None
+    return {"file": file_digest(path), "path": str(path)}
+
+
 def run_fingerprint(args, dataset) -> dict:
-    """Everything `--resume` compares: options, data, base model."""
+    """Everything `--resume` compares: options, data, base model, validation file."""
     return {
         "options": options_fingerprint(args),
         "data": data_fingerprint(args.data_path, dataset),
         "model": model_fingerprint(args.model_name_or_path),
+        "validation": validation_fingerprint(args.validation_data_path),
     }
 
 
@@ -148,14 +159,10 @@ def differences(saved: dict, current: dict) -> list[str]:
             else "same number of samples, different content"
         )
         lines.append(f"--data-path: not the data the state was trained on ({detail})")
+    lines += _validation_lines(saved, current.get("validation"))
     old_hub, new_hub = (saved.get("model") or {}).get("hub"), current["model"].get("hub")
     if old_hub and new_hub and old_hub != new_hub:
-        lines.append(
-            f"--model-revision: the state started from {old_hub['hub_id']} commit "
-            f"{old_hub['commit']}, this run resolved {new_hub['hub_id']} to commit "
-            f"{new_hub['commit']} (the Hub's branch moved?); to continue the run, pin it: "
-            f"--model-revision {old_hub['commit']}"
-        )
+        lines.append(moved_branch_line(old_hub["hub_id"], old_hub["commit"], new_hub["commit"]))
     elif _files(saved.get("model")) != _files(current["model"]):
         old, new = _files(saved.get("model")), _files(current["model"])
         changed = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
@@ -164,6 +171,29 @@ def differences(saved: dict, current: dict) -> list[str]:
             f"(differs in {', '.join(changed)})"
         )
     return lines
+
+
+def _validation_lines(saved: dict, now: dict | None) -> list[str]:
+    """The validation file: there then and now, with the same content (paths may differ)."""
+    if "validation" in saved:
+        then = saved["validation"]
+    else:  # saved before validation files were fingerprinted by content: only its path is known
+        path = saved.get("options", {}).get("validation_data_path")
+        then = None if path is None else {"path": path}
+    flag = "--validation-data-path"
+    if then is None and now is None:
+        return []
+    if then is None:
+        return [f"{flag}: the state was saved without a validation file, this run has "
+                f"{now['path']}"]  # fmt: skip
+    if now is None:
+        return [f"{flag}: the state was saved with the validation file {then['path']}, this "
+                "run has none"]  # fmt: skip
+    if "file" in then and then["file"] != now["file"]:
+        moved = "" if then["path"] == now["path"] else f" (then {then['path']})"
+        return [f"{flag}: {now['path']}: not the validation data the state was saved with "
+                f"(different content{moved})"]  # fmt: skip
+    return []
 
 
 def _files(model: dict | None) -> dict:

@@ -22,10 +22,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from mini_trainer.distributed.runtime import Runtime, decided_on_main
+from mini_trainer.distributed.runtime import Runtime, broadcast_object, decided_on_main
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_write_text
-from mini_trainer.training import run_folder
+from mini_trainer.training import run_folder, state_checksums
 from mini_trainer.training.fingerprint import MAY_CHANGE_ON_RESUME, differences
 from mini_trainer.training.run_folder import damage  # noqa: F401 (re-exported for callers)
 from mini_trainer.training.trainer_state import TrainerState
@@ -36,9 +36,19 @@ RESUMES_FILE = "resumes.jsonl"
 """One line per resume: when, from which state, and which may-change options changed."""
 
 
-def choose_state(out_dir: Path, fingerprint: dict | None, resume: bool | str = True) -> Path | None:
-    """Rank 0: the state to resume from, None for a start from step 0, or `UserError`."""
-    folder = run_folder.classify(out_dir)
+def choose_state(
+    out_dir: Path, fingerprint: dict | None, resume: bool | str = True, verdicts=None
+) -> Path | None:
+    """Rank 0: the state to resume from, None for a start from step 0, or `UserError`.
+    `verdicts`: {state: checksum problem or None} found by every rank (`shared_verdicts`);
+    a state not in it is verified here."""
+    verify = None
+    if verdicts is not None:
+
+        def verify(path: Path) -> str | None:
+            return verdicts[path] if path in verdicts else state_checksums.verify(path)
+
+    folder = run_folder.classify(out_dir, verify=verify)
     decision = run_folder.start_decision(folder, resume)
     if decision == run_folder.MOVE_ASIDE:
         aside = run_folder.move_aside(Path(out_dir))
@@ -68,9 +78,27 @@ def choose_state(out_dir: Path, fingerprint: dict | None, resume: bool | str = T
     return path
 
 
+def shared_verdicts(out_dir: Path, runtime: Runtime | None) -> dict[Path, str | None]:
+    """Every rank together: the checksum verdicts of the states `choose_state` will consider,
+    newest first up to the first intact one, each state's hashing shared by the ranks."""
+    grouped = runtime is not None and runtime.world_size > 1
+    main = not grouped or runtime.is_main
+    candidates = run_folder.states_to_verify(Path(out_dir)) if main else None
+    if grouped:
+        candidates = broadcast_object(candidates, runtime)
+    verdicts: dict[Path, str | None] = {}
+    for path in candidates:
+        verdicts[path] = state_checksums.verify_shared(path, runtime)
+        if verdicts[path] is None:
+            break
+    return verdicts
+
+
 def pick_state(out_dir: Path, resume: bool | str, fingerprint: dict | None, runtime: Runtime):
-    """The state every rank resumes from (None: step 0); rank 0 chooses, errors reach all."""
-    return decided_on_main(lambda: choose_state(out_dir, fingerprint, resume), runtime)
+    """The state every rank resumes from (None: step 0); rank 0 chooses, errors reach all.
+    Every rank verifies a share of the checksums first: a mismatch any rank sees counts."""
+    verdicts = shared_verdicts(out_dir, runtime) if resume else None
+    return decided_on_main(lambda: choose_state(out_dir, fingerprint, resume, verdicts), runtime)
 
 
 def record_start(out_dir: Path, args, resumed_from: Path | None, step: int) -> None:

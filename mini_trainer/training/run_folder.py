@@ -95,11 +95,12 @@ def state_dirs(out_dir: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def damage(path: Path, verify_contents: bool = True) -> str | None:
+def damage(path: Path, verify_contents: bool = True, verify=None) -> str | None:
     """Why the state folder `path` cannot be resumed from, or None when it is intact.
 
     Without `verify_contents`, the checksums are not recomputed (only the small files are
-    read): the quick check `check_inputs` makes before any worker starts.
+    read): the quick check `check_inputs` makes before any worker starts. `verify(path)` gives
+    the checksums' verdict (default: `state_checksums.verify`, this process alone).
     """
     try:
         trainer_state = TrainerState.read(path)
@@ -130,8 +131,24 @@ def damage(path: Path, verify_contents: bool = True) -> str | None:
         except Exception as error:  # noqa: BLE001 (a torn pickle raises many kinds)
             return f"{rng_file.name} does not load ({type(error).__name__})"
     if verify_contents and trainer_state.has_checksums:
-        return state_checksums.verify(path)
+        return (verify or state_checksums.verify)(path)
     return None
+
+
+def states_to_verify(out_dir: Path) -> list[Path]:
+    """The states whose checksums `classify` would verify, newest first: those that pass the
+    quick check, up to the first one saved without checksums (which `classify` takes as is)."""
+    found = []
+    for _, path in state_dirs(out_dir):
+        if damage(path, verify_contents=False) is not None:
+            continue
+        try:
+            if not TrainerState.read(path).has_checksums:
+                break
+        except (OSError, TornTrainerState):
+            continue
+        found.append(path)
+    return found
 
 
 def trained_steps(out_dir: Path) -> int:
@@ -142,8 +159,8 @@ def trained_steps(out_dir: Path) -> int:
         return 0
 
 
-def classify(out_dir: str | os.PathLike, verify_contents: bool = True) -> RunFolder:
-    """What `out_dir` holds (see the module). Reads; changes nothing."""
+def classify(out_dir: str | os.PathLike, verify_contents: bool = True, verify=None) -> RunFolder:
+    """What `out_dir` holds (see the module). Reads; changes nothing. `verify`: as `damage`'s."""
     out = Path(out_dir)
     facts = {
         "steps": trained_steps(out),
@@ -155,7 +172,7 @@ def classify(out_dir: str | os.PathLike, verify_contents: bool = True) -> RunFol
     if states:
         damaged = []
         for _, path in states:
-            reason = damage(path, verify_contents)
+            reason = damage(path, verify_contents, verify)
             if reason is None:
                 return RunFolder(out, Kind.RESUMABLE, path, tuple(damaged), **facts)
             damaged.append((path, reason))

@@ -10,8 +10,11 @@ against damage, not tampering: xxh3-64 is about 20 times faster than sha256 here
 the added save time small (benchmarks/state_checksums.py); states written with sha256 by an
 earlier version are verified with sha256, as their file says.
 
-The ranks share the hashing at save time (each hashes a part of the files, biggest first);
-rank 0 verifies alone at resume time, since it alone decides which state to load.
+The ranks share the hashing, at save time and at resume time alike (each hashes a part of the
+files, biggest first): at resume every rank verifies its share of the state it is about to
+read, with its own view of the file system, and the verdicts are gathered, so a mismatch seen
+by any rank is the same fallback (or refusal) on every rank as one seen by rank 0
+(`verify_shared`; rank 0 still decides which state to load, from these verdicts).
 """
 
 from __future__ import annotations
@@ -65,24 +68,71 @@ def write_checksums(folder: Path, runtime: Runtime) -> None:
 
 def verify(folder: Path) -> str | None:
     """Why the files of `folder` do not match its `checksums.json`, or None when they all do."""
+    table, problem = _read_table(folder)
+    if problem is not None:
+        return problem
+    algorithm, entries = table
+    return _check(folder, entries, algorithm)
+
+
+def verify_shared(folder: Path, runtime: Runtime | None) -> str | None:
+    """`verify`, its hashing shared by every rank of the job; the same answer on every rank.
+
+    Call on every rank together. Each rank reads the table itself and hashes its share of the
+    files (biggest first, as at save); the first problem found, in rank order, is everyone's
+    (a rank other than 0 is named in it). A lone process verifies everything itself."""
+    if runtime is None or runtime.world_size <= 1 or not dist.is_initialized():
+        return verify(folder)
+    table, problem = _read_table(folder)
+    if problem is None:
+        algorithm, entries = table
+        ordered = sorted(entries, key=lambda item: (-_recorded_size(item[1]), item[0]))
+        problem = _check(folder, ordered[runtime.rank :: runtime.world_size], algorithm)
+    problems: list[str | None] = [None] * runtime.world_size
+    dist.all_gather_object(problems, problem)
+    for rank, found in enumerate(problems):
+        if found is not None:
+            return found if rank == 0 else f"{found} (seen by rank {rank})"
+    return None
+
+
+def _recorded_size(entry) -> int:
+    try:
+        return int(entry["size"])
+    except (KeyError, TypeError, ValueError):
+        return 0
+
+
+def _read_table(folder: Path) -> tuple[tuple[str, list] | None, str | None]:
+    """((algorithm, [(name, entry)...]), None), or (None, why the table is unusable)."""
     try:
         recorded = json.loads((folder / CHECKSUMS).read_text())
         algorithm = recorded["algorithm"]
         entries = sorted(recorded["files"].items())
     except FileNotFoundError:
-        return f"{CHECKSUMS} is missing"
+        return None, f"{CHECKSUMS} is missing"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
-        return f"{CHECKSUMS} does not load ({type(error).__name__})"
+        return None, f"{CHECKSUMS} does not load ({type(error).__name__})"
     if algorithm not in FILE_DIGESTS:
-        return f"{CHECKSUMS}: unknown algorithm {algorithm!r}"
+        return None, f"{CHECKSUMS}: unknown algorithm {algorithm!r}"
+    return (algorithm, entries), None
+
+
+def _check(folder: Path, entries: list, algorithm: str) -> str | None:
+    """The first of `entries` whose file is missing or differs, as one reason; else None."""
     for name, entry in entries:
         path = folder / name
         try:
             size = path.stat().st_size
         except OSError:
             return f"{name} is missing"
-        if size != entry["size"]:
-            return f"{name} has {size} bytes, {CHECKSUMS} says {entry['size']}"
-        if file_digest(path, algorithm) != entry[algorithm]:
-            return f"{name}: content differs from {CHECKSUMS} ({algorithm})"
+        try:
+            if size != entry["size"]:
+                return f"{name} has {size} bytes, {CHECKSUMS} says {entry['size']}"
+            if file_digest(path, algorithm) != entry[algorithm]:
+                return f"{name}: content differs from {CHECKSUMS} ({algorithm})"
+        except (KeyError, TypeError):
+            return f"{CHECKSUMS}: the entry of {name} does not load"
+        except OSError as error:
+            return f"{name} does not read ({error.strerror or type(error).__name__})"
     return None

@@ -120,7 +120,7 @@ class Validator:
         self.max_tokens = args.validation_max_tokens_per_gpu or args.max_tokens_per_gpu
         self.dataset = load_eval_dataset(
             Path(args.validation_data_path), Path(args.model_name_or_path), self.max_tokens,
-            runtime,
+            runtime, "--validation-max-tokens-per-gpu",
         )  # fmt: skip
         self.tracker = BestTracker(
             mode=VAL_METRICS[args.best_metric],

@@ -34,6 +34,10 @@ rule train:
         mem_mb=rule_resource("train", "mem_mb"),
         runtime=rule_resource("train", "runtime"),
         **train_node_resources(),
+        # Snakemake's attempt number, for the job (MINI_TRAINER_ATTEMPT below): a retry of a job
+        # that ended with exit 2 (bad input) or 3 (diverged) stops at once, with the same status
+        # (mini_trainer/distributed/retry.py); 75 (preempted) and 1 (a crash) run again.
+        attempt=lambda wildcards, attempt: attempt,
     conda:
         "../envs/mini-trainer.yaml"
     shell:
@@ -43,6 +47,9 @@ rule train:
         # refused with exit 2, as `--resume` would). The folder's key guarantees it is this run.
         # Snakemake sets OMP_NUM_THREADS to the job's threads; split them between the processes
         # (computed here, not as a param, so running with more --cores reruns nothing).
+        # MINI_TRAINER_STOP_WITH_PID: the job stops (state saved, exit 75) if this Snakemake is
+        # killed, instead of training on unsupervised (mini_trainer/distributed/lifetime.py).
+        " MINI_TRAINER_STOP_WITH_PID=$PPID MINI_TRAINER_ATTEMPT={resources.attempt}"
         " OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
         " {params.launcher}"
         " {params.flags} --output-dir {params.run_dir:q} --resume auto > {log} 2>&1"
