@@ -7,7 +7,9 @@ E x rows x cols) that the experts' forward reads as attributes. A target there b
 every expert's projection is local to the rank that holds it. The experts module keeps its
 class's forward; its class is swapped for a subclass in which the weight's name is a property
 that composes W = W_high + U_low S_low V_lowᵀ per expert, once per forward (cached for the
-forward, so an expert loop does not compose E times). Autograd carries the low factors'
+forward, so an expert loop does not compose E times); outside a forward the name is the
+`OSFTExpertWeight` module itself, as state-dict walks by attribute (torch.distributed
+.checkpoint's) expect. Autograd carries the low factors'
 gradients through that composition (a dense E x rows x cols gradient per layer, transient).
 """
 
@@ -109,8 +111,8 @@ def _composing_class(base: type, names: tuple[str, ...]) -> type:
     def weight(attr: str) -> property:
         def get(self):
             composed = self.__dict__.get("_osft_composed")
-            if composed is None:  # read outside a forward
-                return self._modules[attr]()
+            if composed is None:  # outside a forward: the module (state-dict walks find it)
+                return self._modules[attr]
             if attr not in composed:
                 composed[attr] = self._modules[attr]()
             return composed[attr]
