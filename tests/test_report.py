@@ -79,7 +79,8 @@ def write_experiment(root):
                     path.write_text(json.dumps({"token_accuracy": value, "loss": 1 - value,
                                                 "perplexity": math.exp(1 - value),
                                                 "exact_match": value / 2, "num_samples": 10,
-                                                "versions": {"torch": "9.9"}}))  # fmt: skip
+                                                "versions": {"torch": "9.9",
+                                                             "lm_eval": None}}))  # fmt: skip
                 entries.append({"kind": "eval", "path": str(path), "task": task,
                                 "method": None if stage == 0 else method,
                                 "lr": None if stage == 0 else lr, "stage": stage})  # fmt: skip
@@ -377,6 +378,10 @@ def test_screenshot_script_draws_the_page(chromium, tmp_path):
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    # Beside the picture, the page's structure, as the test of docs/report.png reads it.
+    structure = json.loads((tmp_path / "shot.structure.json").read_text())
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert structure["sections"] == re.findall(r"<h2>(.*?)</h2>", page) and structure["rows"]
     import matplotlib.image
 
     pixels = matplotlib.image.imread(shot)
@@ -384,3 +389,23 @@ def test_screenshot_script_draws_the_page(chromium, tmp_path):
     # A page with its images drawn, not a blank or an error page: many distinct colours.
     colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
     assert len(colours) > 200, len(colours)
+
+
+def test_the_readme_screenshot_shows_the_current_report(tmp_path):
+    """docs/report.png was taken of a page with the sections and (method, learning rate) rows
+    recorded beside it (docs/report.structure.json, written by scripts/screenshot_report.sh):
+    the report built now has the same sections, and the default experiment the same rows.
+    When this fails, rerun the demo and the script (README, "Set up") to retake the picture."""
+    import yaml
+
+    from mini_trainer.report.structure import page_structure
+
+    recorded = json.loads((REPO_ROOT / "docs" / "report.structure.json").read_text())
+    manifest = write_experiment(tmp_path)
+    assert run_cli("report", "--out", tmp_path / "out", "--manifest", manifest).returncode == 0
+    now = page_structure((tmp_path / "out" / "report.html").read_text())
+    assert recorded["sections"] == now["sections"], "the report's sections changed"
+    config = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
+    rows = sorted([method, f"{lr:g}"] for method, spec in config["methods"].items()
+                  for lr in spec["learning_rates"])  # fmt: skip
+    assert sorted(recorded["rows"]) == rows, "the default experiment's methods changed"

@@ -234,7 +234,7 @@ def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
     seen = {}
     for e in [*evals.values(), *extra]:
         for name, version in ((e.data or {}).get("versions") or {}).items():
-            seen.setdefault(name, set()).add(str(version))
+            seen.setdefault(name, set()).add("not installed" if version is None else str(version))
     rows = [[h.text(name), h.text(versions.get(name) or "not installed"),
              h.text(", ".join(sorted(seen.get(name, []))) or "")] for name in versions]  # fmt: skip
     parts.append("<h3>Package versions</h3>")
