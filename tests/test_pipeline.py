@@ -450,10 +450,14 @@ def test_full_run_report_has_every_cell(full_run):
     runs = [e for e in manifest["entries"] if e["kind"] == "run"]
     assert len(runs) == 6 and all((full_run / e["path"] / "metrics.jsonl").exists() for e in runs)
     assert "Not on the plot" not in html  # every (method, lr) is a point of the frontier
-    # The chat task's row in the data section: every conversation kept (none is too long).
+    # The chat task's row in the data section (task, training file, contents, samples): every
+    # conversation kept (none is too long); replay's mixture for that stage has its own row.
     assert re.search(
-        rf"<tr><td>{CHAT_TASK}</td><td class=\"num\">{CHAT_SAMPLES['train']}</td>", html
+        rf"<tr><td>{CHAT_TASK}</td><td>[^<]*</td><td></td><td class=\"num\">"
+        rf"{CHAT_SAMPLES['train']}</td>",
+        html,
     )
+    assert re.search(rf"<tr><td>{CHAT_TASK}</td><td>results/data/mix/[^<]*</td><td>mixture: ", html)
 
 
 @pytest.mark.slow
