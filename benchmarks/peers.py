@@ -296,7 +296,8 @@ def main() -> None:
         peak_after = gemm_peak_gflops(args.threads)
     finally:
         stop_background_load(background)
-    print(f"\nfp32 GEMM peak after (background load still running): {peak_after:.0f} GFLOP/s")
+    running = " (the background load still running)" if background else ""
+    print(f"\nfp32 GEMM peak after{running}: {peak_after:.0f} GFLOP/s")
     for name, result in results.items():
         print_table(name, result, peak_before)
     print(load_line("after"))
