@@ -19,8 +19,16 @@ the compile time (its first run's warm-up steps minus eager's) are reported apar
 demo Llama (128 wide, 4 layers) and a 512-wide Llama of 8 layers with the demo tokenizer, both
 built here from seeds.
 
+It also prints the machine (CPU model, logical CPUs, threads), the load average before and
+after, and the machine's fp32 GEMM peak at the same thread count (measured before and after the
+runs); each side's tokens/s is also given as a fraction of that peak, counting 6 FLOPs per
+parameter per token (forward and backward of the linear layers; attention's own FLOPs left out,
+so the fraction is a slight underestimate). `--background-load N` starts N busy processes for
+the whole run (and stops them after): a load the script states and makes itself.
+
     pip install -c constraints.txt -e ".[bench]"
     python benchmarks/peers.py [--models demo,wide512] [--repeats 3] [--steps 10]
+        [--background-load N]
 """
 
 from __future__ import annotations
@@ -37,6 +45,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from machine import (
+    gemm_peak_gflops,
+    load_line,
+    machine_line,
+    start_background_load,
+    stop_background_load,
+)
+from safetensors import safe_open
 
 from mini_trainer.batching.sampler import BatchSampler
 from mini_trainer.demo.assets import DemoSpec, build_demo_assets
@@ -195,7 +211,8 @@ def bench_model(name: str, spec: DemoSpec, args, root: Path) -> dict:
     assert len({tuple(r.step_tokens) for side in runs.values() for r in side}) == 1, (
         "the sides did not train on the same tokens"
     )
-    result = {
+    result: dict = {"parameters": count_parameters(folder / "model")}
+    result |= {
         side: {
             "tokens_per_s": median([r.tokens_per_s(args.warm_steps) for r in side_runs]),
             "startup_s": median([r.startup_s() for r in side_runs]),
@@ -207,14 +224,30 @@ def bench_model(name: str, spec: DemoSpec, args, root: Path) -> dict:
     return result
 
 
-def print_table(name: str, result: dict) -> None:
-    base = result.get("trl_padding_free", {}).get("tokens_per_s")
-    print(f"\n| {name} | tokens/s (median) | vs TRL padding-free | start-up s | warm-up steps s |")
-    print("| --- | --- | --- | --- | --- |")
-    for side, r in result.items():
+def count_parameters(model_dir: Path) -> int:
+    """Parameters of the saved model, from its safetensors files' tensor shapes."""
+    total = 0
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as weights:
+            names = weights.keys()
+            total += sum(int(np.prod(weights.get_slice(k).get_shape())) for k in names)
+    return total
+
+
+def print_table(name: str, result: dict, peak_gflops: float) -> None:
+    sides = {side: r for side, r in result.items() if side in SIDES}
+    base = sides.get("trl_padding_free", {}).get("tokens_per_s")
+    flops_per_token = 6 * result["parameters"]
+    print(f"\n{name}: {result['parameters']:,} parameters, {flops_per_token / 1e6:.1f} MFLOP per "
+          f"token (6 x parameters); GEMM peak {peak_gflops:.0f} GFLOP/s")  # fmt: skip
+    print(f"| {name} | tokens/s (median) | vs TRL padding-free | of GEMM peak | start-up s | "
+          "warm-up steps s |")  # fmt: skip
+    print("| --- | --- | --- | --- | --- | --- |")
+    for side, r in sides.items():
         ratio = f"{r['tokens_per_s'] / base:.2f}x" if base else "-"
-        print(f"| {side} | {r['tokens_per_s']:,.0f} | {ratio} | {r['startup_s']:.1f} | "
-              f"{r['warmup_s']:.1f} |")  # fmt: skip
+        share = r["tokens_per_s"] * flops_per_token / (peak_gflops * 1e9)
+        print(f"| {side} | {r['tokens_per_s']:,.0f} | {ratio} | {share:.0%} | "
+              f"{r['startup_s']:.1f} | {r['warmup_s']:.1f} |")  # fmt: skip
     if "mini_trainer_compiled" in result and "mini_trainer" in result:
         compile_s = (
             result["mini_trainer_compiled"]["first_warmup_s"] - result["mini_trainer"]["warmup_s"]
@@ -234,21 +267,42 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="busy processes to run beside the benchmark (a stated load)",
+    )
     args = parser.parse_args()
     args.sides = args.sides.split(",")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "disabled")
     logging.getLogger("mini_trainer").setLevel(logging.WARNING)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; torch {torch.__version__}; "
-          f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")  # fmt: skip
+    print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    print(machine_line(args.threads))
+    print(load_line("before"))
+    peak_before = gemm_peak_gflops(args.threads)
+    print(f"fp32 GEMM peak before, {args.threads} thread(s): {peak_before:.0f} GFLOP/s")
+    background = start_background_load(args.background_load)
+    if background:
+        print(f"started {len(background)} busy background process(es) for the whole run")
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models.split(","):
-            results[name] = bench_model(name, MODELS[name], args, Path(tmp))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name in args.models.split(","):
+                results[name] = bench_model(name, MODELS[name], args, Path(tmp))
+        peak_after = gemm_peak_gflops(args.threads)
+    finally:
+        stop_background_load(background)
+    running = " (the background load still running)" if background else ""
+    print(f"\nfp32 GEMM peak after{running}: {peak_after:.0f} GFLOP/s")
     for name, result in results.items():
-        print_table(name, result)
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        print_table(name, result, peak_before)
+    print(load_line("after"))
+    for result in results.values():
+        result["gemm_peak_gflops"] = {"before": peak_before, "after": peak_after}
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

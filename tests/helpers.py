@@ -4,10 +4,12 @@ from here (`from helpers import ...`), never from conftest."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -55,7 +57,8 @@ def run_cli(
 
         offline = {key: value for key, value in subprocess_env().items()
                    if key in ("HF_HUB_OFFLINE", "WANDB_MODE")}  # fmt: skip
-        result = CliRunner(env=offline).invoke(cli, argv, prog_name="mini-trainer")
+        with _logging_as_in_a_fresh_process():
+            result = CliRunner(env=offline).invoke(cli, argv, prog_name="mini-trainer")
         stderr = result.stderr
         if result.exception is not None and not isinstance(result.exception, SystemExit):
             stderr += "".join(traceback.format_exception(result.exception))
@@ -72,7 +75,46 @@ def run_cli(
         )
     if check and completed.returncode != 0:
         raise AssertionError(f"mini-trainer {argv} failed:\n{completed.stdout}\n{completed.stderr}")
+    assert_each_line_once(completed)
     return completed
+
+
+LOG_PREFIX = re.compile(r"^\[rank\d+\] \d\d:\d\d:\d\d ")
+"""What `mini_trainer.log_setup` puts before a job's log line."""
+
+
+def assert_each_line_once(completed: subprocess.CompletedProcess) -> None:
+    """Every command prints each line once: no line of stdout and stderr together repeats (a
+    result echoed by the command and also logged by the library below it, a message printed by
+    every rank), the log prefix (`[rank0] 12:00:00 `) aside; indented lines (a help page's
+    columns, printed JSON) are layout, not messages. Checked on every `run_cli` call."""
+    text = completed.stdout + completed.stderr
+    lines = [LOG_PREFIX.sub("", line).rstrip() for line in text.splitlines()]
+    # Messages start at the margin; indented lines are layout (--help's columns, JSON).
+    messages = [line for line in lines if line[:1].strip() and re.search(r"\w", line)]
+    counts = collections.Counter(messages)
+    repeated = [line for line, count in counts.items() if count > 1]
+    if repeated:
+        raise AssertionError(
+            f"mini-trainer {completed.args} printed a line more than once: {repeated[0]!r}\n"
+            f"stdout:\n{completed.stdout}\nstderr:\n{completed.stderr}"
+        )
+
+
+@contextlib.contextmanager
+def _logging_as_in_a_fresh_process():
+    """The root logger as a new process has it (no handler, WARNING) while a command runs
+    in-process, so its `setup_logging()` installs its handler on the runner's stderr as it
+    would on a child's: its log lines are in the result, as a child's are. Put back after."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    root.handlers.clear()
+    root.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def torchrun_command(*train_flags, nproc: int = 2) -> list[str]:

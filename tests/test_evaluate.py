@@ -131,7 +131,11 @@ def test_single_process_equals_per_sample_transformers(demo_dir, eval_set, tmp_p
     assert_matches_reference(metrics, reference_metrics(demo_dir / "model", samples), samples)
     for key in ("model", "data", "versions", "timestamp"):
         assert key in metrics
-    assert "token accuracy" in result.stdout and str(out) in result.stdout
+    # Its lines, each once: the summary and the file written on stdout, nothing repeated on
+    # stderr (run_cli shows the command's log lines as a child process has them).
+    summary, wrote = result.stdout.splitlines()
+    assert "token accuracy" in summary and wrote == f"wrote {out}"
+    assert "wrote" not in result.stderr, result.stderr
     # An existing output is kept unless --force.
     again = run_cli("evaluate", "--model", demo_dir / "model", "--data", path, "--out", out)
     assert again.returncode == 2 and "already exists" in again.stderr
@@ -205,7 +209,7 @@ def test_two_ranks_under_torchrun_equal_per_sample_transformers(demo_dir, eval_s
     metrics = json.loads(out.read_text())
     assert metrics["world_size"] == 2
     assert_matches_reference(metrics, reference_metrics(demo_dir / "model", samples), samples)
-    assert result.stdout.count("wrote ") == 1  # rank 0 alone reports
+    assert (result.stdout + result.stderr).count("wrote ") == 1  # rank 0 alone, once
 
 
 def _bad_input_run(demo_dir, tmp_path, data_text=None, model=None):

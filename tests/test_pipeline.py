@@ -136,6 +136,7 @@ def test_dry_run_default_config_plans_the_whole_experiment(tmp_path):
     }
     svd_outputs = sorted(out for rule, out in jobs if rule == "osft_svd")
     assert svd_outputs[0] == "results/osft_svd/base/default-targets"
+    check_docs_against_the_plan(jobs)
     # Stage 2 of each lr starts from that lr's stage 1: its run folder names the SVD.
     train_outputs = [out for rule, out in jobs if rule == "train"]
     stage1 = {o.rsplit("/final", 1)[0] for o in train_outputs if "/stage1/" in o}
@@ -144,6 +145,31 @@ def test_dry_run_default_config_plans_the_whole_experiment(tmp_path):
             for out in svd_outputs)
         for run in stage1 if "/osft/" in run
     )  # fmt: skip
+
+
+def check_docs_against_the_plan(jobs: list[tuple[str, str]]) -> None:
+    """What README.md and docs/pipeline.md state about the default experiment holds for this
+    plan: its job count, and no command block writes (without --force) into a path the Set-up
+    command's pipeline has already built (it would stop with "already exists")."""
+    from test_docs import OUTPUT_FLAGS, docs_commands, stated_counts
+
+    stated = stated_counts("jobs", ("README.md", "docs/pipeline.md"))
+    assert stated, "README.md and docs/pipeline.md state no job count"
+    wrong = [f"{where}: {n} jobs" for where, n in stated if n != len(jobs)]
+    assert not wrong, f"{wrong}; `snakemake -n` plans {len(jobs)} jobs"
+    built = [Path(out) for _, outs in jobs for out in outs.split(", ") if out]
+    clashes = []
+    for command in docs_commands():
+        words = command.words
+        if "--force" in words:
+            continue
+        for i, word in enumerate(words[:-1]):
+            target = Path(words[i + 1])
+            if word in OUTPUT_FLAGS and any(
+                target == out or target in out.parents or out in target.parents for out in built
+            ):
+                clashes.append(f"{command.where}: {word} {target}")
+    assert not clashes, f"after Set-up these outputs already exist: {clashes}"
 
 
 def test_dry_run_sft_only_example_has_no_osft_job(tmp_path):
@@ -424,10 +450,14 @@ def test_full_run_report_has_every_cell(full_run):
     runs = [e for e in manifest["entries"] if e["kind"] == "run"]
     assert len(runs) == 6 and all((full_run / e["path"] / "metrics.jsonl").exists() for e in runs)
     assert "Not on the plot" not in html  # every (method, lr) is a point of the frontier
-    # The chat task's row in the data section: every conversation kept (none is too long).
+    # The chat task's row in the data section (task, training file, contents, samples): every
+    # conversation kept (none is too long); replay's mixture for that stage has its own row.
     assert re.search(
-        rf"<tr><td>{CHAT_TASK}</td><td class=\"num\">{CHAT_SAMPLES['train']}</td>", html
+        rf"<tr><td>{CHAT_TASK}</td><td>[^<]*</td><td></td><td class=\"num\">"
+        rf"{CHAT_SAMPLES['train']}</td>",
+        html,
     )
+    assert re.search(rf"<tr><td>{CHAT_TASK}</td><td>results/data/mix/[^<]*</td><td>mixture: ", html)
 
 
 @pytest.mark.slow

@@ -214,7 +214,13 @@ def test_train_inputs_refuse_a_stale_key(demo):
 
 def test_manifest_entries_cover_every_cell(demo):
     words = shlex.split(pipeline.manifest_flags(demo))
-    assert words.count("--task") == 3 and words.count("--data-summary") == 3
+    # Each task's training file and each mixture a stage trains on (replay's stages 2 and 3).
+    assert words.count("--task") == 3 and words.count("--data-summary") == 3 + 2
+    summaries = [words[i + 1 : i + 3] for i, w in enumerate(words) if w == "--data-summary"]
+    assert summaries[3:] == [
+        [pipeline.data_summary("mix/sort_desc-replay0.25"), "sort_desc"],
+        [pipeline.data_summary("mix/sort_plus1-replay0.25"), "sort_plus1"],
+    ]
     assert words.count("--eval") == 16 * 3 and words.count("--run") == 15
     at = words.index("--run")
     assert words[at + 1 : at + 5] == [
@@ -227,6 +233,7 @@ def test_manifest_entries_cover_every_cell(demo):
     assert words[at + 1 : at + 6] == ["results/eval/base/sort.json", "-", "-", "0", "sort"]
     inputs = pipeline.manifest_inputs(demo)
     assert len(inputs["runs"]) == 15 and len(inputs["evals"]) == 45
+    assert inputs["summaries"] == [path for path, _ in summaries]
     assert inputs["summaries"][0] == pipeline.data_summary("sort")
 
 

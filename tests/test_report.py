@@ -26,7 +26,11 @@ MATRICES = {
     ("sft", 0.01): [[0.1, 0.2, 0.3], [0.9, 0.25, 0.3], [0.5, 0.8, 0.35], [0.4, 0.6, 0.7]],
     ("sft", 0.001): [[0.1, 0.2, 0.3], [0.6, 0.2, 0.3], [0.58, 0.5, 0.3], [0.55, 0.45, 0.4]],
     ("osft", 0.01): [[0.1, 0.2, 0.3], [0.8, 0.2, 0.3], [0.7, "bad", 0.3], [0.75, 0.6, None]],
+    # Replay's stage 1 is SFT's at lr 0.01 (the same run folder and evaluation files).
+    ("replay", 0.01): [[0.1, 0.2, 0.3], [0.9, 0.25, 0.3], [0.85, 0.8, 0.35], [0.8, 0.7, 0.7]],
 }
+SHARED = {("replay", 0.01, 1): ("sft", 0.01, 1)}
+"""Cells whose run and evaluations are another method's (as the pipeline writes them)."""
 
 
 def test_aa_bwt_and_frontier_equal_hand_computed_values():
@@ -64,8 +68,9 @@ def write_experiment(root):
         for stage, row in enumerate(matrix):
             if stage == 0 and method != "sft" or stage == 0 and lr != 0.01:
                 continue  # one base row, shared
+            owner = SHARED.get((method, lr, stage), (method, lr, stage))
             for task, value in zip(TASKS, row, strict=True):
-                who = "base" if stage == 0 else f"{method}/lr{lr:g}/stage{stage}"
+                who = "base" if stage == 0 else "{}/lr{:g}/stage{}".format(*owner)
                 path = root / "eval" / who / f"{task}.json"
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if value == "bad":
@@ -74,12 +79,17 @@ def write_experiment(root):
                     path.write_text(json.dumps({"token_accuracy": value, "loss": 1 - value,
                                                 "perplexity": math.exp(1 - value),
                                                 "exact_match": value / 2, "num_samples": 10,
-                                                "versions": {"torch": "9.9"}}))  # fmt: skip
+                                                "versions": {"torch": "9.9",
+                                                             "lm_eval": None}}))  # fmt: skip
                 entries.append({"kind": "eval", "path": str(path), "task": task,
                                 "method": None if stage == 0 else method,
                                 "lr": None if stage == 0 else lr, "stage": stage})  # fmt: skip
             if stage:
-                run = root / "train" / f"{method}_lr{lr:g}_stage{stage}"
+                run = root / "train" / "{}_lr{:g}_stage{}".format(*owner)
+                entries.append({"kind": "run", "path": str(run), "method": method, "lr": lr,
+                                "stage": stage})  # fmt: skip
+                if owner != (method, lr, stage):
+                    continue
                 run.mkdir(parents=True)
                 rows = [{"step": k, "loss": 2.0 / k, "lr": lr * (1 - k / 10),
                          "tokens_per_second": 1000.0 + k} for k in range(1, 11)]  # fmt: skip
@@ -94,8 +104,6 @@ def write_experiment(root):
                         }
                     )
                 )
-                entries.append({"kind": "run", "path": str(run), "method": method, "lr": lr,
-                                "stage": stage})  # fmt: skip
     summary = root / "data" / "a.summary.json"
     summary.parent.mkdir()
     length = {"p50": 33, "p99": 160, "max": 210}
@@ -105,6 +113,15 @@ def write_experiment(root):
     )  # fmt: skip
     entries.append({"kind": "data_summary", "path": str(summary), "task": "a"})
     entries.append({"kind": "data_summary", "path": str(root / "data" / "b.json"), "task": "b"})
+    # Replay's stage 2 trains on a mixture: its summary, and the `mix` sidecar beside the data.
+    mixed = root / "data" / "b-replay0.25.jsonl"
+    (root / "data" / "b-replay0.25.mix.json").write_text(json.dumps({"inputs": [
+        {"path": "data/b.train.jsonl", "kind": "weight", "samples_in_file": 2000, "chosen": 2000},
+        {"path": "data/a.train.jsonl", "kind": "replay", "samples_in_file": 2000, "chosen": 500},
+    ]}))  # fmt: skip
+    mix_summary = root / "data" / "b-replay0.25.summary.json"
+    mix_summary.write_text(json.dumps({"data_file": str(mixed), "samples": 2500, "length": length}))
+    entries.append({"kind": "data_summary", "path": str(mix_summary), "task": "b"})
     manifest = root / "manifest.json"
     manifest.write_text(json.dumps({"tasks": TASKS, "entries": entries}))
     return manifest
@@ -127,8 +144,9 @@ def test_report_from_synthetic_runs(tmp_path):
     page = (out / "report.html").read_text()
     pngs = sorted(p.name for p in out.glob("*.png"))
     assert pngs == sorted([
-        "frontier.png", "matrix_osft_lr0.01.png", "matrix_sft_lr0.001.png",
-        "matrix_sft_lr0.01.png", "throughput.png", "training_loss_lr.png",
+        "frontier.png", "matrix_osft_lr0.01.png", "matrix_replay_lr0.01.png",
+        "matrix_sft_lr0.001.png", "matrix_sft_lr0.01.png", "throughput.png",
+        "training_osft.png", "training_replay.png", "training_sft.png",
     ])  # fmt: skip
     for name in pngs:
         assert is_png(out / name), name
@@ -162,6 +180,53 @@ def test_report_from_synthetic_runs(tmp_path):
     assert again.returncode == 2 and "already exists" in again.stderr
 
 
+def page_text(page: str) -> str:
+    """The page as a reader reads it: tags dropped, entities decoded."""
+    import html
+
+    return html.unescape(re.sub(r"<[^>]+>", " ", page))
+
+
+def test_shared_runs_are_shown_and_counted_once(tmp_path):
+    """Replay's stage 1 is SFT's run: one row in the training and evaluation tables, named with
+    both methods; the header counts run folders and evaluation files as they are on disk."""
+    manifest = write_experiment(tmp_path)
+    out = tmp_path / "report"
+    assert run_cli("report", "--out", out, "--manifest", manifest).returncode == 0
+    page = (out / "report.html").read_text()
+    runs = {p.name for p in (tmp_path / "train").iterdir()}
+    evals = {p for p in (tmp_path / "eval").rglob("*.json")}
+    assert len(runs) == 11 and len(evals) == 35  # 12 run cells, 39 evaluation cells
+    named = {e["path"] for e in json.loads(manifest.read_text())["entries"] if e["kind"] == "eval"}
+    assert len(named) == 36  # one named file was never written
+    header = re.search(r'<p class="meta">(.*?)</p>', page).group(1)
+    assert "11 training runs, 36 evaluation files (2 missing or unreadable)" in header, header
+    assert "1 run(s) shared by two methods, shown once" in header
+    training = page.split('id="training"')[1].split("</section>")[0]
+    assert training.count("<tr>") == 1 + 11  # header row and one row per run folder
+    assert "sft lr 0.01 stage 1 (a); also replay lr 0.01 stage 1" in training
+    evaluations = page.split('id="evals"')[1].split("</section>")[0]
+    assert evaluations.count("<tr>") == 1 + 36
+    assert evaluations.count("<td>sft lr 0.01; replay lr 0.01</td>") == 3  # its three tasks
+    assert "replay lr 0.01 stage 1 is the run of sft lr 0.01 stage 1" in page  # the summary's note
+
+
+def test_page_has_no_empty_column_and_no_python_repr(tmp_path):
+    """Without validation the best-val columns are left out, and the page says why; the Data
+    section shows the mixture and what it holds; no `None` or `nan` reaches the reader."""
+    manifest = write_experiment(tmp_path)
+    out = tmp_path / "report"
+    assert run_cli("report", "--out", out, "--manifest", manifest).returncode == 0
+    page = (out / "report.html").read_text()
+    assert "best val loss" not in page and "No run scored a validation set" in page
+    data = page_text(page.split('id="data"')[1].split("</section>")[0])
+    assert "b-replay0.25.jsonl" in data and "2,500" in data
+    contents = "2,000 of 2,000 from b.train.jsonl + 500 of 2,000 replayed from a.train.jsonl"
+    assert f"mixture: {contents}" in data
+    text = page_text(page)
+    assert not re.search(r"\b(None|nan|NaN)\b", text), re.search(r".{60}\bNone\b.{60}", text)
+
+
 def test_report_without_manifest_plots_the_given_runs(tmp_path):
     write_experiment(tmp_path)
     runs = sorted((tmp_path / "train").iterdir())[:2]
@@ -169,7 +234,7 @@ def test_report_without_manifest_plots_the_given_runs(tmp_path):
     assert result.returncode == 0, result.stderr
     page = (tmp_path / "r" / "report.html").read_text()
     assert sorted(p.name for p in (tmp_path / "r").glob("*.png")) == [
-        "throughput.png", "training_loss_lr.png",
+        "throughput.png", "training_runs.png",
     ]  # fmt: skip
     assert "accuracy matrix" not in page and "10.0%" in page
 
@@ -220,7 +285,24 @@ READER_VIEW_JS = """(() => ({
   frontier: [...document.querySelectorAll("#frontier img")].map(i => i.getAttribute("src")),
   matrices: [...document.querySelectorAll("#matrices img")].map(i => i.getAttribute("src")),
   missing: document.querySelectorAll("td.missing").length,
+  header: document.querySelector("p.meta").textContent,
+  curves: [...document.querySelectorAll("#training .curves")].map(d => ({
+    method: d.querySelector("h3").textContent.trim(),
+    width: d.querySelector("img").naturalWidth, shown: d.querySelector("img").offsetWidth})),
+  trainingRows: document.querySelectorAll("#training tbody tr").length,
+  trainingHeaders: [...document.querySelectorAll("#training th")].map(t => t.textContent),
+  text: document.body.innerText,
 }))()"""
+
+
+def check_reader_view(view: dict, methods: list[str]) -> None:
+    """What any report page must show a reader: one loss panel per method, drawn and laid out;
+    no empty best-validation columns without validation; no Python repr in the text."""
+    assert [c["method"] for c in view["curves"]] == sorted(methods), view["curves"]
+    assert all(c["width"] > 500 and c["shown"] > 500 for c in view["curves"]), view["curves"]
+    if "best val loss" not in view["trainingHeaders"]:
+        assert "No run scored a validation set" in view["text"]
+    assert not re.search(r"\b(None|nan|NaN)\b", view["text"]), view["text"]
 
 
 @pytest.mark.slow
@@ -231,12 +313,19 @@ def test_pipeline_report_as_a_reader_sees_it_in_chromium(chromium, full_run, tmp
     from test_pipeline import FULL_ROWS
 
     matrices = sorted(f"matrix_{method}_lr{lr}.png" for method, lr in FULL_ROWS)
+    methods = [method for method, _ in FULL_ROWS]
     shot = tmp_path / "report.png"
     seen = view_page(chromium, full_run / "results/report/report.html", READER_VIEW_JS, shot)
     view = seen.result
     assert seen.problems == [], seen.problems
     sources = sorted(image["src"] for image in view["images"])
-    assert sources == sorted(["frontier.png", *matrices, "throughput.png", "training_loss_lr.png"])
+    curves = [f"training_{method}.png" for method in methods]
+    assert sources == sorted(["frontier.png", *matrices, "throughput.png", *curves])
+    check_reader_view(view, methods)
+    # Replay's stage 1 is SFT's run: 2 stages x 3 methods, less the shared one; the base model
+    # and 5 checkpoints, each evaluated on the 2 tasks.
+    assert view["trainingRows"] == 5, view["trainingRows"]
+    assert "5 training runs, 12 evaluation files" in view["header"], view["header"]
     for image in view["images"]:
         assert image["complete"] and image["width"] > 100 and image["height"] > 100, image
         assert image["shown"] > 100, image  # laid out on the page, not hidden
@@ -261,6 +350,23 @@ def test_pipeline_report_as_a_reader_sees_it_in_chromium(chromium, full_run, tmp
     assert len(colours) > 200, len(colours)
 
 
+def test_synthetic_report_as_a_reader_sees_it_in_chromium(chromium, tmp_path):
+    """The synthetic experiment's page in headless Chromium: a loss panel per method, every
+    image drawn, shared runs once, no empty column and no Python repr."""
+    from browser import view_page
+
+    manifest = write_experiment(tmp_path)
+    assert run_cli("report", "--out", tmp_path / "out", "--manifest", manifest).returncode == 0
+    seen = view_page(chromium, tmp_path / "out" / "report.html", READER_VIEW_JS,
+                     tmp_path / "shot.png")  # fmt: skip
+    assert seen.problems == [], seen.problems
+    view = seen.result
+    check_reader_view(view, ["osft", "replay", "sft"])
+    assert view["trainingRows"] == 11  # 12 run cells, replay's stage 1 being SFT's run
+    for image in view["images"]:
+        assert image["complete"] and image["width"] > 100 and image["shown"] > 100, image
+
+
 def test_screenshot_script_draws_the_page(chromium, tmp_path):
     """scripts/screenshot_report.sh (how docs/ pictures are made) on the synthetic report."""
     manifest = write_experiment(tmp_path)
@@ -272,6 +378,10 @@ def test_screenshot_script_draws_the_page(chromium, tmp_path):
         capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+    # Beside the picture, the page's structure, as the test of docs/report.png reads it.
+    structure = json.loads((tmp_path / "shot.structure.json").read_text())
+    page = (tmp_path / "out" / "report.html").read_text()
+    assert structure["sections"] == re.findall(r"<h2>(.*?)</h2>", page) and structure["rows"]
     import matplotlib.image
 
     pixels = matplotlib.image.imread(shot)
@@ -279,3 +389,23 @@ def test_screenshot_script_draws_the_page(chromium, tmp_path):
     # A page with its images drawn, not a blank or an error page: many distinct colours.
     colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
     assert len(colours) > 200, len(colours)
+
+
+def test_the_readme_screenshot_shows_the_current_report(tmp_path):
+    """docs/report.png was taken of a page with the sections and (method, learning rate) rows
+    recorded beside it (docs/report.structure.json, written by scripts/screenshot_report.sh):
+    the report built now has the same sections, and the default experiment the same rows.
+    When this fails, rerun the demo and the script (README, "Set up") to retake the picture."""
+    import yaml
+
+    from mini_trainer.report.structure import page_structure
+
+    recorded = json.loads((REPO_ROOT / "docs" / "report.structure.json").read_text())
+    manifest = write_experiment(tmp_path)
+    assert run_cli("report", "--out", tmp_path / "out", "--manifest", manifest).returncode == 0
+    now = page_structure((tmp_path / "out" / "report.html").read_text())
+    assert recorded["sections"] == now["sections"], "the report's sections changed"
+    config = yaml.safe_load((REPO_ROOT / "config" / "config.yaml").read_text())
+    rows = sorted([method, f"{lr:g}"] for method, spec in config["methods"].items()
+                  for lr in spec["learning_rates"])  # fmt: skip
+    assert sorted(recorded["rows"]) == rows, "the default experiment's methods changed"

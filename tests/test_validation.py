@@ -340,5 +340,5 @@ def test_report_plots_validation_next_to_training_loss(tmp_path):
         for name, row in re.findall(r"<tr><td>[^<]*/(validated|plain)</td>(.*?)</tr>", page)
     }
     assert cells["validated"][2:4] == ["1.2", "4"]  # best val loss, best step
-    assert cells["plain"][2:4] == ["", ""]  # no validation: empty, not "missing"
-    assert "best val loss" in page and (out / "training_loss_lr.png").is_file()
+    assert cells["plain"][2:4] == ["none", "none"]  # no validation: says so, not "missing"
+    assert "best val loss" in page and (out / "training_runs.png").is_file()

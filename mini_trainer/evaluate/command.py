@@ -9,7 +9,6 @@ Several `--data D --out F.json` pairs share one process and one model load.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
 from pathlib import Path
@@ -24,8 +23,6 @@ from mini_trainer.evaluate.runner import check_inputs, evaluate_files
 from mini_trainer.io_utils import atomic_write_text
 from mini_trainer.models.hub import hub_source
 from mini_trainer.versions import package_versions, source_commit
-
-log = logging.getLogger("mini_trainer")
 
 
 def run_evaluate(
@@ -84,8 +81,8 @@ def _provenance(model: Path, result: dict) -> dict:
 
 
 def _write(out: Path, result: dict) -> None:
+    # Not logged: the command reports each file it wrote (once, on rank 0).
     atomic_write_text(out, json.dumps(result, indent=2) + "\n")
-    log.info("wrote %s", out)
 
 
 def summary_line(result: dict) -> str:

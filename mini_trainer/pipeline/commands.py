@@ -164,11 +164,20 @@ def mix_input_files(config: Config, name: str) -> list[str]:
     return [path for path, _, _ in mix_inputs(config, name)]
 
 
+def summarized_datasets(config: Config) -> list[tuple[str, str]]:
+    """(dataset, its stage's task) of every training file the report's Data section shows:
+    each task's file, then each mixture some stage trains on (a stage mixture, replay)."""
+    datasets = {task: task for task in config["stages"]}
+    for method, _, stage in sweep(config):
+        datasets.setdefault(stage_dataset(config, method, stage), config["stages"][stage - 1])
+    return list(datasets.items())
+
+
 def manifest_inputs(config: Config) -> dict[str, list[str]]:
     return {
         "evals": all_eval_jsons(config),
         "runs": [final_dir(config, m, lr, s) for m, lr, s in sweep(config)],
-        "summaries": [data_summary(task) for task in config["stages"]],
+        "summaries": [data_summary(dataset) for dataset, _ in summarized_datasets(config)],
     }
 
 
@@ -185,6 +194,6 @@ def manifest_flags(config: Config) -> str:
     for method, lr, stage in sweep(config):
         fields = [run_dir(config, method, lr, stage), method, lr, str(stage)]
         parts.append(f"--run {shlex.join(fields)}")
-    for task in config["stages"]:
-        parts.append(f"--data-summary {shlex.quote(data_summary(task))} {shlex.quote(task)}")
+    for dataset, task in summarized_datasets(config):
+        parts.append(f"--data-summary {shlex.quote(data_summary(dataset))} {shlex.quote(task)}")
     return " ".join(parts)

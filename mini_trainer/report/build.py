@@ -8,7 +8,6 @@ leaves no half page behind.
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
 import time
@@ -21,6 +20,8 @@ from mini_trainer.io_utils import publish_file
 from mini_trainer.report import html as h
 from mini_trainer.report import metrics
 from mini_trainer.report.inputs import (
+    Curve,
+    Entry,
     EvalResult,
     Manifest,
     RunData,
@@ -36,6 +37,7 @@ from mini_trainer.report.sections import (
     frontier_section,
     matrices_section,
     provenance_section,
+    slug,
     summary_section,
     training_section,
 )
@@ -71,7 +73,7 @@ class Group:
 
     @property
     def slug(self) -> str:
-        return re.sub(r"[^A-Za-z0-9_.-]+", "_", self.name.replace(", lr ", "_lr"))
+        return slug(self.name.replace(", lr ", "_lr"))
 
 
 def collect_groups(manifest: Manifest) -> tuple[list[Group], dict[tuple, EvalResult]]:
@@ -108,6 +110,59 @@ def collect_groups(manifest: Manifest) -> tuple[list[Group], dict[tuple, EvalRes
     return ordered, evals
 
 
+def cell_name(entry: Entry) -> str:
+    return f"{entry.method} {lr_label(entry.lr)} stage {entry.stage}"
+
+
+def collect_runs(
+    manifest: Manifest,
+) -> tuple[list[RunData], dict[str, list[Curve]], list[str]]:
+    """Each run folder once, and per method the curves of its panel in the training plots.
+
+    Two methods can share a run folder (the pipeline trains replay's stage 1, which has nothing
+    to replay yet, once, as SFT's stage 1 at that learning rate): it is one run, labelled with
+    every cell it fills, drawn in each method's panel, and named in `shared` (one sentence per
+    shared folder)."""
+    cells: dict[Path, list[Entry]] = {}
+    for entry in manifest.entries:
+        if entry.kind == "run":
+            cells.setdefault(entry.path, []).append(entry)
+    runs, panels, shared = [], {}, []
+    for path, entries in cells.items():
+        first, *others = entries
+        label = cell_name(first)
+        if 1 <= first.stage <= len(manifest.tasks):
+            label += f" ({manifest.tasks[first.stage - 1]})"
+        if others:
+            also = ", ".join(cell_name(e) for e in others)
+            label += f"; also {also}"
+            shared.append(f"{also} is the run of {cell_name(first)} ({path}): trained once")
+        run = read_run(path, label)
+        runs.append(run)
+        for entry in entries:
+            legend = f"{lr_label(entry.lr)}, stage {entry.stage}"
+            if 1 <= entry.stage <= len(manifest.tasks):
+                legend += f" ({manifest.tasks[entry.stage - 1]})"
+            if entry is not first:
+                legend += f": {first.method}'s run"
+            curve = Curve(legend, run, entry.stage, entry.lr)
+            panels.setdefault(entry.method or "base", []).append(curve)
+    return runs, dict(sorted(panels.items())), shared  # methods in the order of the tables
+
+
+def evals_by_file(evals: dict[tuple, EvalResult]) -> list[tuple[list[tuple], EvalResult]]:
+    """Each evaluation file once, with every (method, lr, stage, task) cell it fills (a shared
+    run's evaluations fill the cells of each method that shares it)."""
+    files: dict[Path, tuple[list[tuple], EvalResult]] = {}
+    for key, result in evals.items():
+        files.setdefault(result.path, ([], result))[0].append(key)
+    return list(files.values())
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def build_report(
     out_dir: Path, manifest_path: Path | None, inputs: list[Path], force: bool = False
 ) -> Path:
@@ -123,37 +178,45 @@ def build_report(
         raise UserError("report: nothing to report: give --manifest and/or run folders/eval JSONs")
     manifest = load_manifest(manifest_path) if manifest_path else None
     runs, extra_evals = _positional(inputs)
+    panels: dict[str, list[Curve]] = {"runs": [Curve(r.label, r) for r in runs]}
     groups: list[Group] = []
     evals: dict[tuple, EvalResult] = {}
     summaries = []
+    shared: list[str] = []
     if manifest is not None:
         groups, evals = collect_groups(manifest)
-        for entry in manifest.entries:
-            if entry.kind == "run":
-                label = f"{entry.method} {lr_label(entry.lr)} stage {entry.stage}"
-                if 1 <= entry.stage <= len(manifest.tasks):
-                    label += f" ({manifest.tasks[entry.stage - 1]})"
-                runs.append(read_run(entry.path, label))
-            elif entry.kind == "data_summary":
-                summaries.append((entry.task, entry.path, *read_json_file(entry.path)))
+        manifest_runs, panels, shared = collect_runs(manifest)
+        runs = manifest_runs + runs
+        if inputs:
+            panels["other runs"] = [Curve(r.label, r) for r in runs[len(manifest_runs) :]]
+        summaries = [(e.task, e.path, *read_json_file(e.path))
+                     for e in manifest.entries if e.kind == "data_summary"]  # fmt: skip
+    panels = {name: lines for name, lines in panels.items() if lines}
     tasks = manifest.tasks if manifest else []
+    eval_files = evals_by_file(evals)
+    unusable = sum(e.problem is not None for _, e in eval_files) + sum(
+        e.problem is not None for e in extra_evals
+    )
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".report.tmp-", dir=out_dir))
     try:
         sections = []
         if manifest is not None:
-            sections.append(summary_section(groups))
+            sections.append(summary_section(groups, shared))
             sections.append(frontier_section(groups, tmp, plots, FRONTIER_NOTE))
             sections.append(matrices_section(groups, tasks, tmp, plots))
-        sections.append(training_section(runs, tmp, plots))
-        sections.append(evals_section(evals, extra_evals))
+        sections.append(training_section(runs, panels, tmp, plots))
+        sections.append(evals_section(eval_files, extra_evals))
         if manifest is not None:
             sections.append(data_section(summaries))
         sections.append(provenance_section(runs, evals, extra_evals))
         subtitle = (
             f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}; "
-            f"{len(runs)} training run(s), {len(evals) + len(extra_evals)} evaluation(s)"
+            f"{_count(len(runs), 'training run')}, "
+            f"{_count(len(eval_files) + len(extra_evals), 'evaluation file')}"
+            + (f" ({unusable} missing or unreadable)" if unusable else "")
+            + (f" ({len(shared)} run(s) shared by two methods, shown once)" if shared else "")
             + (f"; tasks in stage order: {', '.join(tasks)}" if tasks else "")
         )
         (tmp / "report.html").write_text(

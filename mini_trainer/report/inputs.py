@@ -88,6 +88,18 @@ class RunData:
         return row["step"], row["val_loss"]
 
 
+@dataclass(frozen=True)
+class Curve:
+    """One run's line in a panel of the training plots (a panel per method)."""
+
+    legend: str
+    run: RunData
+    stage: int | None = None
+    """Its colour: one per stage within a panel (None: one per line)."""
+    lr: float | None = None
+    """Its line style: one per learning rate within a panel."""
+
+
 def _number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

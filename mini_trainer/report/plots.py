@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mini_trainer.report.inputs import RunData  # noqa: E402
+from mini_trainer.report.inputs import Curve, RunData  # noqa: E402
 from mini_trainer.report.metrics import Cell  # noqa: E402
 
 DPI = 110
@@ -29,15 +29,6 @@ def _save(fig, path: Path, bottom: float = 0.0) -> None:
     plt.close(fig)
 
 
-def _legend_below(fig, ax, count: int, height: float) -> float:
-    """A legend under the panels (it never hides a line); returns the figure share it takes."""
-    columns = min(3, max(count, 1))
-    rows = -(-count // columns)
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=columns, fontsize=8,
-               frameon=False)  # fmt: skip
-    return min(0.5, (0.1 + 0.2 * rows) / height)
-
-
 def _series(run: RunData, key: str) -> tuple[list[int], list[float]]:
     pairs = [
         (row["step"], row[key])
@@ -47,54 +38,82 @@ def _series(run: RunData, key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def plot_training(runs: Sequence[RunData], path: Path) -> None:
-    """Loss and learning rate against step, one line per run (same colour in both panels)."""
-    height = 4.2 + 0.2 * -(-len(runs) // 3)
-    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(11, height))
-    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
-    for i, run in enumerate(runs):
-        colour = colours(i % colours.N)
-        ax_loss.plot(*_series(run, "loss"), color=colour, lw=1.2, label=run.label)
-        ax_lr.plot(*_series(run, "lr"), color=colour, lw=1.2)
-        _plot_validation(ax_loss, run, colour)
-    validated = any(run.validation_rows() for run in runs)
-    title = "Loss (solid: training; dashed: validation, \u2605 best step)" if validated else "Loss"
-    ylabel = "loss (answer tokens)" if validated else "training loss (answer tokens)"
-    ax_loss.set(xlabel="step", ylabel=ylabel, title=title, yscale="log")
+Panels = dict[str, Sequence[Curve]]
+"""Panel title (a method) -> its curves."""
+STYLES = ("-", "--", ":", "-.")
+"""Line style per learning rate within a panel (colour is the stage)."""
+
+
+def _line_styles(curves: Sequence[Curve]) -> list[tuple]:
+    """(colour, line style) per curve of a panel: a colour per stage, a style per learning
+    rate, so a method's few curves read apart."""
+    colours = plt.get_cmap("tab10")
+    stages: dict = {}
+    lrs: dict = {}
+    styles = []
+    for i, curve in enumerate(curves):
+        colour = stages.setdefault(i if curve.stage is None else curve.stage, len(stages))
+        style = lrs.setdefault(curve.lr, len(lrs))
+        styles.append((colours(colour % colours.N), STYLES[style % len(STYLES)]))
+    return styles
+
+
+def plot_training(name: str, curves: Sequence[Curve], path: Path) -> None:
+    """One method's runs: loss (left) and learning rate (right) against step; a colour per
+    stage, a line style per learning rate, the legend beside the panels."""
+    fig, (ax_loss, ax_lr) = plt.subplots(1, 2, figsize=(11, 3.3))
+    validated = False
+    for curve, (colour, style) in zip(curves, _line_styles(curves), strict=True):
+        run, legend = curve.run, curve.legend
+        ax_loss.plot(*_series(run, "loss"), color=colour, ls=style, lw=1.3, label=legend)
+        ax_lr.plot(*_series(run, "lr"), color=colour, ls=style, lw=1.3, label=legend)
+        validated |= _plot_validation(ax_loss, run, colour)
+    title = f"{name}: loss" + (" (dots: validation, \u2605 best step)" if validated else "")
+    ax_loss.set(xlabel="step", ylabel="loss (answer tokens)", title=title, yscale="log")
     # Plain numbers at 1, 2, 5 x 10^k on the log axis (not "6 x 10^0" on every minor tick).
     ax_loss.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
     ax_loss.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax_loss.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-    ax_lr.set(xlabel="step", ylabel="learning rate", title="Learning rate")
+    ax_lr.set(xlabel="step", ylabel="learning rate", title=f"{name}: learning rate")
     ax_lr.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    ax_lr.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.02, 0.5), frameon=False)
     for ax in (ax_loss, ax_lr):
         ax.grid(alpha=0.3)
-    _save(fig, path, _legend_below(fig, ax_loss, len(runs), height))
+    _save(fig, path)
 
 
-def _plot_validation(ax, run: RunData, colour) -> None:
-    """The run's validation loss, dashed in the run's colour; a star marks the best step."""
+def _plot_validation(ax, run: RunData, colour) -> bool:
+    """The run's validation loss, dotted in the run's colour; a star marks the best step.
+    Whether it had any."""
     steps, values = _series(RunData(run.path, run.label, run.validation_rows()), "val_loss")
     if not steps:
-        return
-    ax.plot(steps, values, color=colour, lw=1.2, ls="--", marker="o", ms=3)
+        return False
+    ax.plot(steps, values, color=colour, lw=1.0, ls=":", marker="o", ms=3)
     best = run.best_validation()
     if best is not None:
         ax.plot(*best, color=colour, marker="*", ms=13, mec="black", mew=0.6, ls="none")
+    return True
 
 
-def plot_throughput(runs: Sequence[RunData], path: Path) -> None:
-    """Training tokens per second against step, one line per run."""
-    height = 3.4 + 0.2 * -(-len(runs) // 3)
-    fig, ax = plt.subplots(figsize=(11, height))
-    colours = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
-    for i, run in enumerate(runs):
-        ax.plot(*_series(run, "tokens_per_second"), color=colours(i % colours.N), lw=1,
-                label=run.label)  # fmt: skip
-    ax.set(xlabel="step", ylabel="tokens / s", title="Training throughput (all ranks)")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    _save(fig, path, _legend_below(fig, ax, len(runs), height))
+def plot_throughput(panels: Panels, path: Path) -> None:
+    """Training tokens per second against step, one panel per method, side by side."""
+    count = len(panels)
+    columns = min(3, count)
+    rows = -(-count // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(11, 2.9 * rows + 0.3), squeeze=False,
+                             sharey=True)  # fmt: skip
+    for ax, (name, lines) in zip(axes.flat, panels.items(), strict=False):
+        for curve, (colour, style) in zip(lines, _line_styles(lines), strict=True):
+            ax.plot(*_series(curve.run, "tokens_per_second"), color=colour, ls=style, lw=1,
+                    label=curve.legend)  # fmt: skip
+        ax.set(xlabel="step", title=f"{name}: tokens/s (all ranks)")
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5, loc="lower right")
+    for ax in list(axes.flat)[count:]:
+        ax.set_visible(False)
+    axes[0][0].set_ylabel("tokens / s")
+    _save(fig, path)
 
 
 def plot_matrix(

@@ -5,16 +5,18 @@ Plots are written into the given folder under fixed names that the HTML refers t
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
+from mini_trainer.data.mix import sidecar_beside
 from mini_trainer.models.hub import hub_source
 from mini_trainer.report import html as h
 from mini_trainer.report import metrics
-from mini_trainer.report.inputs import EvalResult, RunData, lr_label
+from mini_trainer.report.inputs import Curve, EvalResult, RunData, lr_label, read_json_file
 from mini_trainer.versions import machine, package_versions, source_commit
 
 
-def summary_section(groups) -> tuple[str, str, str]:
+def summary_section(groups, shared: list[str] = ()) -> tuple[str, str, str]:
     rows = []
     for g in groups:
         matrix = g.matrix
@@ -37,6 +39,13 @@ def summary_section(groups) -> tuple[str, str, str]:
     headers = ["method", "learning rate", "last stage", "AA", "BWT", "newest task",
                "retained (earlier tasks)"]  # fmt: skip
     body = h.table(headers, rows) if rows else "<p>No method in the manifest.</p>"
+    if shared:
+        body += (
+            "<p>Shared runs (same options, same data, same starting model; trained and "
+            "evaluated once, counted once):</p><ul>"
+            + "".join(f"<li>{h.esc(line)}</li>" for line in shared)
+            + "</ul>"
+        )
     return "summary", "Average accuracy (AA) and backward transfer (BWT)", intro + body
 
 
@@ -86,41 +95,72 @@ def matrices_section(groups, tasks, folder: Path, plots) -> tuple[str, str, str]
     return "matrices", "Accuracy matrices", "".join(parts)
 
 
-def training_section(runs: list[RunData], folder: Path, plots) -> tuple[str, str, str]:
+def slug(name: str) -> str:
+    """A file-name-safe form of a name (a method, a method and its learning rate)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def training_section(
+    runs: list[RunData], panels: dict[str, list[Curve]], folder: Path, plots
+) -> tuple[str, str, str]:
+    """Each run once in the table; the curves in one panel per method (a run two methods share
+    is in both panels)."""
     if not runs:
         return "training", "Training", "<p>No training run given.</p>"
-    with_rows = [r for r in runs if r.rows]
+    drawn = {name: [c for c in curves if c.run.rows] for name, curves in panels.items()}
+    drawn = {name: lines for name, lines in drawn.items() if lines}
     parts = []
-    if with_rows:
-        plots.plot_training(with_rows, folder / "training_loss_lr.png")
-        plots.plot_throughput(with_rows, folder / "throughput.png")
-        parts += [h.image("training_loss_lr.png", "loss and learning rate against step"),
-                  h.image("throughput.png", "tokens per second against step")]  # fmt: skip
+    if drawn:
+        parts.append(
+            "<p>Loss and learning rate of each method's runs (a panel per method: a colour per "
+            "stage, a line style per learning rate; a run two methods share is drawn in "
+            "both), then throughput.</p>"
+        )
+        for name, curves in drawn.items():
+            image = f"training_{slug(name)}.png"
+            plots.plot_training(name, curves, folder / image)
+            parts.append(f'<div class="curves"><h3>{h.esc(name)}</h3>'
+                         f"{h.image(image, f'loss and learning rate, {name}')}</div>")  # fmt: skip
+        plots.plot_throughput(drawn, folder / "throughput.png")
+        parts.append(h.image("throughput.png", "tokens per second, per method"))
+    validated = any(r.validation_rows() for r in runs)
     rows = []
     for r in runs:
         last = r.rows[-1] if r.rows else {}
         speeds = [row["tokens_per_second"] for row in r.rows if "tokens_per_second" in row]
         speed = sorted(speeds)[len(speeds) // 2] if speeds else None
-        best = r.best_validation()  # no validation: empty cells, not "missing"
-        best_cells = [h.num(best[1]), h.num(best[0], "{:d}")] if best else [h.text("")] * 2
+        best = r.best_validation()
+        best_cells = [h.num(best[1]), h.num(best[0], "{:d}")] if best else [h.text("none")] * 2
         rows.append([
             h.text(r.label), h.num(last.get("step"), "{:d}"), h.num(last.get("loss")),
-            *best_cells,
+            *(best_cells if validated else []),
             h.num(speed, "{:,.0f}"), h.num(last.get("peak_memory_gb"), "{:.2f}"),
             h.text(str(r.path)), h.text(r.problem or ""),
         ])  # fmt: skip
-    headers = ["run", "steps", "final loss", "best val loss", "best step", "median tokens/s",
-               "peak memory (GiB)", "folder", "problem"]  # fmt: skip
+    headers = ["run", "steps", "final loss",
+               *(["best val loss", "best step"] if validated else []),
+               "median tokens/s", "peak memory (GiB)", "folder", "problem"]  # fmt: skip
     parts.append(h.table(headers, rows))
+    if not validated:
+        parts.append(
+            "<p>No run scored a validation set (<code>--validation-data-path</code>), so there "
+            "is no validation loss or best step to show.</p>"
+        )
     return "training", "Training", "".join(parts)
 
 
-def evals_section(evals: dict[tuple, EvalResult], extra: list[EvalResult]) -> tuple[str, str, str]:
+def evals_section(files, extra: list[EvalResult]) -> tuple[str, str, str]:
+    """One row per evaluation file; `files` holds (cells, result) with every (method, lr,
+    stage, task) cell the file fills (a shared run's file fills two methods' cells)."""
     rows = []
-    labelled = [(k, v) for k, v in evals.items()] + [((None, None, None, None), e) for e in extra]
-    for (method, lr, stage, task), e in labelled:
+    labelled = [*files, *(([(None, None, None, None)], e) for e in extra)]
+    for cells, e in labelled:
         d = e.data or {}
-        who = "base model" if stage == 0 else (f"{method} {lr_label(lr)}" if method else "")
+        method, lr, stage, task = cells[0]
+        who = "; ".join(dict.fromkeys(
+            "base model" if s == 0 else (f"{m} {lr_label(r)}" if m else "")
+            for m, r, s, _ in cells
+        ))  # fmt: skip
         rows.append([
             h.text(who), h.text(stage if stage is not None else ""), h.text(task or ""),
             h.num(d.get("loss")), h.num(d.get("perplexity"), "{:.3f}"),
@@ -136,21 +176,53 @@ def evals_section(evals: dict[tuple, EvalResult], extra: list[EvalResult]) -> tu
 
 
 def data_section(summaries) -> tuple[str, str, str]:
+    """One row per training file: each task's, and each mixture a stage trains on (a stage
+    mixture, or replay), with what the mixture holds (its `mix` sidecar)."""
     rows = []
     for task, path, data, problem in summaries:
         d = data or {}
         length = d.get("length") or {}
+        data_file = d.get("data_file") or ""
         rows.append([
-            h.text(task), h.num(d.get("samples"), "{:,}"), h.num(d.get("dropped"), "{:,}"),
+            h.text(task), h.text(data_file), h.text(mixture_contents(data_file)),
+            h.num(d.get("samples"), "{:,}"), h.num(d.get("dropped"), "{:,}"),
             h.num(d.get("tokens"), "{:,}"), h.num(d.get("loss_tokens"), "{:,}"),
             h.num(length.get("p50"), "{:d}"), h.num(length.get("p99"), "{:d}"),
             h.num(length.get("max"), "{:d}"), h.text(str(path)), h.text(problem or ""),
         ])  # fmt: skip
     if not rows:
         return "data", "Data", "<p>No data summary in the manifest.</p>"
-    headers = ["task", "samples", "dropped", "tokens", "loss tokens", "p50 length",
-               "p99 length", "max length", "summary file", "problem"]  # fmt: skip
+    headers = ["stage's task", "training file", "contents", "samples", "dropped", "tokens",
+               "loss tokens", "p50 length", "p99 length", "max length", "summary file",
+               "problem"]  # fmt: skip
     return "data", "Data (from mini-trainer validate)", h.table(headers, rows)
+
+
+def mixture_contents(data_file: str) -> str:
+    """What a mixture holds, from the `mix` sidecar beside it ("mixture: 2,000 of 2,000 from
+    sort_desc.train.jsonl + 500 of 2,000 replayed from sort.train.jsonl"); "" for a file
+    without one (a task's own file)."""
+    if not data_file:
+        return ""
+    record, problem = read_json_file(sidecar_beside(data_file))
+    if problem == "no such file":
+        return ""
+    if record is None or not isinstance(record.get("inputs"), list):
+        return f"a mixture whose sidecar is unreadable ({problem or 'no inputs'})"
+    parts = []
+    for item in record["inputs"]:
+        if not isinstance(item, dict):
+            continue
+        name = Path(str(item.get("path", "?"))).name
+        chosen, total = item.get("chosen"), item.get("samples_in_file")
+        how = "replayed from" if item.get("kind") == "replay" else "from"
+        count = (
+            f"{chosen:,} of {total:,}"
+            if isinstance(chosen, int) and isinstance(total, int)
+            else "?"
+        )
+        parts.append(f"{count} {how} {name}")
+    return "mixture: " + " + ".join(parts)
 
 
 def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
@@ -162,7 +234,7 @@ def provenance_section(runs, evals, extra) -> tuple[str, str, str]:
     seen = {}
     for e in [*evals.values(), *extra]:
         for name, version in ((e.data or {}).get("versions") or {}).items():
-            seen.setdefault(name, set()).add(str(version))
+            seen.setdefault(name, set()).add("not installed" if version is None else str(version))
     rows = [[h.text(name), h.text(versions.get(name) or "not installed"),
              h.text(", ".join(sorted(seen.get(name, []))) or "")] for name in versions]  # fmt: skip
     parts.append("<h3>Package versions</h3>")
