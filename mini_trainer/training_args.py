@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mini_trainer.errors import UserError
+from mini_trainer.optimizer_options import OPTIMIZERS, PARAM_DTYPES, optimizer_problems
 from mini_trainer.validation_options import (
     VAL_METRICS,
     validation_problems,
@@ -150,6 +151,18 @@ class TrainingArgs:
     eps: float = _arg(1e-8, "AdamW epsilon.", exclusive_minimum=0)
     weight_decay: float = _arg(0.0, "AdamW decoupled weight decay.", minimum=0)
     grad_clip: float = _arg(1.0, "Clip the global gradient norm to this (0 disables).", minimum=0)
+    optimizer: str = _arg(
+        "adamw",
+        "adamw (fp32 states), adamw-bf16 (bf16 states), adamw-8bit (torchao, 8-bit states); "
+        "adamw-4bit is refused (docs/training.md).",
+        choices=OPTIMIZERS,
+    )
+    param_dtype: str = _arg(
+        "fp32",
+        "Dtype of the sharded master weights and gradients: fp32, or bf16 (updates applied with "
+        "stochastic rounding; not with --osft).",
+        choices=PARAM_DTYPES,
+    )
     osft_svd_cache: str | None = _arg(
         None,
         "OSFT: folder written by `mini-trainer osft-svd` (checked, then used instead of "
@@ -264,6 +277,7 @@ class TrainingArgs:
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
         yield from self._osft_problems()
+        yield from optimizer_problems(self)
         yield from validation_problems(self)
 
     def _osft_problems(self):

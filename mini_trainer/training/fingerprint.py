@@ -34,6 +34,7 @@ import numpy as np
 
 from mini_trainer.io_utils import hash_file
 from mini_trainer.models.hub import hub_source, moved_branch_line
+from mini_trainer.optimizer_options import layout_differences, state_layout
 
 FULL_HASH_BYTES = 64 * 1024**2
 """Files up to this size are hashed whole (about 0.1 s per 64 MiB)."""
@@ -125,13 +126,15 @@ def validation_fingerprint(path: str | os.PathLike | None) -> dict | None:
     return {"file": file_digest(path), "path": str(path)}
 
 
-def run_fingerprint(args, dataset) -> dict:
-    """Everything `--resume` compares: options, data, base model, validation file."""
+def run_fingerprint(args, dataset, world_size: int | None = None) -> dict:
+    """Everything `--resume` compares: options, data, base model, validation file, and the
+    optimizer state's layout where it depends on the world size (optimizer_options)."""
     return {
         "options": options_fingerprint(args),
         "data": data_fingerprint(args.data_path, dataset),
         "model": model_fingerprint(args.model_name_or_path),
         "validation": validation_fingerprint(args.validation_data_path),
+        "layout": state_layout(args, world_size) if world_size else {},
     }
 
 
@@ -151,6 +154,7 @@ def differences(saved: dict, current: dict) -> list[str]:
             lines.append(
                 f"{_flag(name)}: the state was saved with {before!r}, this run has {now!r}"
             )
+    lines += layout_differences(saved.get("layout"), current.get("layout", {}))
     if saved.get("data") != current["data"]:
         old, new = saved.get("data") or {}, current["data"]
         detail = (

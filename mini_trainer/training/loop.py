@@ -76,7 +76,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     validator = Validator(args, runtime) if args.validation_data_path else None
     # rank 0 picks an intact state of this same run (or moves an unsaved attempt aside) before
     # any model loads
-    run_print = run_fingerprint(args, dataset) if runtime.is_main else None
+    run_print = run_fingerprint(args, dataset, runtime.world_size) if runtime.is_main else None
     resumed_from = resume.pick_state(out, args.resume, run_print, runtime)
 
     # -- model (the method adapts it before sharding)

@@ -41,6 +41,8 @@ class ModelSpec:
     activation_checkpointing: bool = False
     cpu_offload: bool = False
     compile: bool = False
+    param_dtype: str = "fp32"
+    """`--param-dtype`: fp32 or bf16 master weights (and so gradients) in the shards."""
 
     @classmethod
     def of(cls, args) -> ModelSpec:
@@ -50,6 +52,7 @@ class ModelSpec:
             activation_checkpointing=args.activation_checkpointing,
             cpu_offload=args.cpu_offload,
             compile=args.compile,
+            param_dtype=args.param_dtype,
         )
 
 
@@ -214,6 +217,9 @@ def build_model(
         wrapped.model.set_attn_implementation(attention)
     if runtime.is_main:
         log.info("attention implementation: %s", attention)
+    if spec.param_dtype == "bf16":  # parameters only: buffers (rotary frequencies) keep fp32
+        for param in wrapped.parameters():
+            param.data = param.data.to(torch.bfloat16)
     if spec.compile:
         compile_layers(decoder_layers(wrapped.model), attention, runtime.is_cuda, runtime.is_main)
     if spec.cpu_offload and not runtime.is_cuda:

@@ -1,25 +1,48 @@
-"""The optimizer phase: AdamW over the method's parameter groups, and the scheduler."""
+"""The optimizer phase: AdamW over the method's parameter groups (in the `--optimizer` and
+`--param-dtype` mode), and the scheduler.
+
+Which mode builds which optimizer is decided here, once; which combinations are allowed is
+`optimizer_options.py`'s. The default (adamw, fp32 parameters) is torch's AdamW exactly as it
+always was, so its numerics are unchanged bit for bit.
+"""
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 
 import torch
 from transformers import get_scheduler
 
+from mini_trainer.training.lean_adamw import LeanAdamW
 from mini_trainer.training_args import TrainingArgs
 
+def build_optimizer(args: TrainingArgs, param_groups: list[dict]) -> torch.optim.Optimizer:
+    """AdamW with the run's betas and epsilon, states in the `--optimizer` mode; each group
+    carries its own weight decay."""
+    kwargs = {
+        "lr": args.learning_rate,
+        "betas": (args.beta1, args.beta2),
+        "eps": args.eps,
+        "weight_decay": args.weight_decay,
+    }
+    return optimizer_class(args)(param_groups, **kwargs)
 
-def build_optimizer(args: TrainingArgs, param_groups: list[dict]) -> torch.optim.AdamW:
-    """AdamW with the run's betas and epsilon; each group carries its own weight decay."""
-    return torch.optim.AdamW(
-        param_groups,
-        lr=args.learning_rate,
-        betas=(args.beta1, args.beta2),
-        eps=args.eps,
-        weight_decay=args.weight_decay,
-    )
+
+def optimizer_class(args: TrainingArgs):
+    """The optimizer of a mode, as a constructor of (param_groups, lr, betas, eps,
+    weight_decay); `plan` counts the states of the same constructor."""
+    if args.optimizer == "adamw-8bit":
+        from mini_trainer.training.adamw8bit import AdamW8bit  # deferred: torchao
+
+        return functools.partial(AdamW8bit, bf16_stochastic_round=args.param_dtype == "bf16")
+    if args.optimizer == "adamw" and args.param_dtype == "fp32":
+        return torch.optim.AdamW
+    if args.optimizer in ("adamw", "adamw-bf16"):
+        state_dtype = torch.bfloat16 if args.optimizer == "adamw-bf16" else torch.float32
+        return functools.partial(LeanAdamW, state_dtype=state_dtype, seed=args.seed)
+    raise ValueError(f"--optimizer {args.optimizer}: no optimizer (refused by TrainingArgs)")
 
 
 def build_scheduler(args: TrainingArgs, optimizer, total_steps: int | None):

@@ -1,0 +1,128 @@
+"""Lean training state: `--optimizer` and `--param-dtype` (training/optimizer.py,
+training/lean_adamw.py, training/adamw8bit.py, optimizer_options.py)."""
+
+from __future__ import annotations
+
+import shutil
+import types
+
+import pytest
+import torch
+from helpers import base_flags, read_metrics, train_in_process
+from safetensors.torch import load_file
+
+from mini_trainer.errors import UserError
+from mini_trainer.optimizer_options import layout_differences, state_layout
+from mini_trainer.training.lean_adamw import LeanAdamW, stochastic_round_
+from mini_trainer.training_args import TrainingArgs
+
+REQUIRED = {"model_name_or_path": "m", "data_path": "d", "output_dir": "o"}
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"optimizer": "adamw-4bit"}, "--optimizer adamw-4bit: torchao 0.18's AdamW4bit fails"),
+        ({"optimizer": "sgd"}, "--optimizer: unknown value 'sgd'"),
+        ({"param_dtype": "fp16"}, "--param-dtype: unknown value 'fp16'"),
+        (
+            {"param_dtype": "bf16", "osft": True, "osft_unfreeze_rank_ratio": 0.5},
+            "--param-dtype bf16: not with --osft",
+        ),
+    ],
+)
+def test_refused_combinations_are_one_line_each(options, expected):
+    with pytest.raises(UserError) as error:
+        TrainingArgs(**REQUIRED, **options)
+    assert [line for line in str(error.value).splitlines() if expected in line]
+
+
+def test_accepted_modes_compose_with_osft_offload_and_compile():
+    for optimizer in ("adamw", "adamw-bf16", "adamw-8bit"):
+        TrainingArgs(**REQUIRED, optimizer=optimizer, osft=True, osft_unfreeze_rank_ratio=0.5)
+        TrainingArgs(**REQUIRED, optimizer=optimizer, param_dtype="bf16", cpu_offload=True,
+                     compile=True, activation_checkpointing=True)  # fmt: skip
+
+
+def test_the_flags_reach_the_job_through_run_training():
+    from mini_trainer.api_train import build_command
+    from mini_trainer.launch_args import TorchrunArgs, split_launcher_args
+    from mini_trainer.training_args import parse_training_args
+
+    args = TrainingArgs(**REQUIRED, optimizer="adamw-bf16", param_dtype="bf16")
+    command = build_command(TorchrunArgs(nproc_per_node=2), args)
+    _, train_argv = split_launcher_args(command[command.index("train") + 1 :])
+    assert parse_training_args(train_argv) == args
+
+
+def test_an_8bit_state_resumes_only_on_the_world_size_that_saved_it():
+    args = types.SimpleNamespace(optimizer="adamw-8bit")
+    saved = state_layout(args, 2)
+    assert layout_differences(saved, state_layout(args, 2)) == []
+    (line,) = layout_differences(saved, state_layout(args, 4))
+    assert "saved by 2 ranks, this run has 4" in line
+    # fp32 and bf16 states are whole-tensor elementwise: any world size resumes them
+    plain = types.SimpleNamespace(optimizer="adamw-bf16")
+    assert state_layout(plain, 2) == {} and layout_differences({}, state_layout(plain, 4)) == []
+
+
+def test_stochastic_rounding_keeps_updates_that_rounding_to_nearest_loses():
+    torch.manual_seed(0)
+    start, update, steps = 1.0, 1e-4, 400  # bf16's spacing at 1.0 is 2^-7 = 0.0078
+    nearest = torch.full((4096,), start, dtype=torch.bfloat16)
+    stochastic = nearest.clone()
+    for _ in range(steps):
+        nearest += update
+        stochastic_round_(stochastic, stochastic.float() + update)
+    assert torch.all(nearest == start), "round to nearest should lose every update"
+    expected = start + steps * update
+    assert abs(stochastic.float().mean().item() - expected) < 2e-3 * expected
+
+
+def test_lean_adamw_with_fp32_states_is_torch_adamw():
+    torch.manual_seed(1)
+    weights = [torch.randn(64, 32), torch.randn(32)]
+    ours = [w.clone().requires_grad_() for w in weights]
+    theirs = [w.clone().requires_grad_() for w in weights]
+    kwargs = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
+    mine, torchs = LeanAdamW(ours, **kwargs), torch.optim.AdamW(theirs, **kwargs)
+    for _ in range(5):
+        grads = [torch.randn_like(w) for w in weights]
+        for params, opt in ((ours, mine), (theirs, torchs)):
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g.clone()
+            opt.step()
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+MODES = [("adamw-bf16", "fp32"), ("adamw", "bf16"), ("adamw-8bit", "fp32"), ("adamw-8bit", "bf16")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("optimizer", "param_dtype"), MODES)
+def test_every_mode_resumes_bit_identically(demo_dir, tmp_path, optimizer, param_dtype):
+    """A run resumed from its step-2 state (what a SIGKILL after that save leaves: the existing
+    SIGKILL tests show a killed run's newest published state is intact) ends with the weights
+    of the uninterrupted run, bit for bit, through the same run folder, checksums and
+    torch.distributed.checkpoint path as the default mode (whose SIGKILL test is test_train.py's).
+    One rank, in this process; the 8-bit state's world-size rule is the test above."""
+    flags = {"training-mode": "step", "max-steps": 4, "save-every-steps": 2, "batch-size": 8,
+             "max-tokens-per-gpu": 256, "save-final-checkpoint": True, "optimizer": optimizer,
+             "param-dtype": param_dtype}  # fmt: skip
+    straight = tmp_path / "straight"
+    result = train_in_process(*base_flags(demo_dir, straight, **flags))
+    assert result.returncode == 0, result.stderr
+    resumed = tmp_path / "resumed"
+    shutil.copytree(straight, resumed)
+    shutil.rmtree(resumed / "state" / "step_4")
+    shutil.rmtree(resumed / "final")
+    result = train_in_process(*base_flags(demo_dir, resumed, **flags, resume=True))
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stderr and "(step 2)" in result.stderr
+    assert [row["step"] for row in read_metrics(resumed)] == [1, 2, 3, 4]
+    before, after = (load_file(out / "final" / "model.safetensors") for out in (straight, resumed))
+    base = load_file(demo_dir / "model" / "model.safetensors")
+    assert any(not torch.equal(before[k], base[k]) for k in base), "nothing trained"
+    for key in before:
+        assert torch.equal(before[key], after[key]), key
