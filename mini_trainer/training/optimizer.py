@@ -18,6 +18,7 @@ from transformers import get_scheduler
 from mini_trainer.training.lean_adamw import LeanAdamW
 from mini_trainer.training_args import TrainingArgs
 
+
 def build_optimizer(args: TrainingArgs, param_groups: list[dict]) -> torch.optim.Optimizer:
     """AdamW with the run's betas and epsilon, states in the `--optimizer` mode; each group
     carries its own weight decay."""
