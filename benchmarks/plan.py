@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 SAMPLE_TOKENS = 128
 CONFIGS = {
-    # name: (model, ranks, T, activation checkpointing, OSFT unfreeze ratio or None)
+    # name: (model, ranks, T, activation checkpointing, OSFT unfreeze ratio or None[, flags])
     "demo-1r-T512": ("demo", 1, 512, False, None),
     "demo-1r-T256-ac": ("demo", 1, 256, True, None),
     "demo-2r-T512-osft": ("demo", 2, 512, False, 0.25),
@@ -38,6 +38,25 @@ CONFIGS = {
     "125m-1r-T256": ("125m", 1, 256, False, None),
     "125m-2r-T512-ac": ("125m", 2, 512, True, None),
     "125m-2r-T256-osft": ("125m", 2, 256, False, 0.5),
+    # a 6th element: the optimizer mode's flags (docs/training.md)
+    "125m-1r-T256-bf16": ("125m", 1, 256, False, None, ("--optimizer", "adamw-bf16")),
+    "125m-1r-T256-bf16-params": (
+        "125m",
+        1,
+        256,
+        False,
+        None,
+        ("--optimizer", "adamw-bf16", "--param-dtype", "bf16"),
+    ),
+    "125m-1r-T256-8bit": ("125m", 1, 256, False, None, ("--optimizer", "adamw-8bit")),
+    "125m-1r-T256-8bit-bf16-params": (
+        "125m",
+        1,
+        256,
+        False,
+        None,
+        ("--optimizer", "adamw-8bit", "--param-dtype", "bf16"),
+    ),
 }
 LLAMA_125M = {
     "architectures": ["LlamaForCausalLM"],
@@ -100,7 +119,9 @@ def make_data(work: Path, vocab: int, samples: int) -> Path:
     return path
 
 
-def training_flags(model: Path, ranks: int, tokens: int, ac: bool, osft: float | None) -> list[str]:
+def training_flags(
+    model: Path, ranks: int, tokens: int, ac: bool, osft: float | None, extra: tuple = ()
+) -> list[str]:
     flags = [
         "--max-tokens-per-gpu",
         str(tokens),
@@ -111,7 +132,7 @@ def training_flags(model: Path, ranks: int, tokens: int, ac: bool, osft: float |
         flags.append("--activation-checkpointing")
     if osft is not None:
         flags += ["--osft", "--osft-unfreeze-rank-ratio", str(osft)]
-    return flags
+    return [*flags, *extra]
 
 
 def measure(model: Path, data: Path, flags: list[str], ranks: int, work: Path, name: str) -> dict:
@@ -186,10 +207,10 @@ def main() -> None:
     rows = []
     print(f"{'config':24s} {'measured MiB':>12s} {'plan MiB':>10s} {'plan/measured':>13s}  phase")
     for name in options.configs:
-        kind, ranks, tokens, ac, osft = CONFIGS[name]
+        kind, ranks, tokens, ac, osft, *extra = CONFIGS[name]
         vocab = json.loads((models[kind] / "config.json").read_text())["vocab_size"]
         data = make_data(work, vocab, 256)
-        flags = training_flags(models[kind], ranks, tokens, ac, osft)
+        flags = training_flags(models[kind], ranks, tokens, ac, osft, *extra)
         measured = measure(models[kind], data, flags, ranks, work, name)
         planned = predict(models[kind], ranks, flags)
         ratio = planned["peak"] / measured["peak"]

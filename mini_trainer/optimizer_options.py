@@ -8,7 +8,7 @@ options imports nothing heavy.
 Modes (docs/training.md, "Optimizer state and parameter dtype"):
 - `adamw`: torch's AdamW, fp32 states: today's numerics, bit for bit (the default);
 - `adamw-bf16`: AdamW with both moments kept in bf16 (stochastically rounded);
-- `adamw-8bit`: torchao's AdamW8bit, moments block-quantized to 8 bits;
+- `adamw-8bit`: torchao's AdamW8bit, moments block-quantized to 8 bits (blocks of 256);
 - `adamw-4bit`: refused (see `REFUSED_OPTIMIZERS`).
 `--param-dtype bf16` keeps the sharded master weights and their gradients in bf16; each update
 is applied with stochastic rounding, so that updates smaller than bf16's spacing are not lost.
@@ -23,11 +23,11 @@ PARAM_DTYPES = ("fp32", "bf16")
 
 REFUSED_OPTIMIZERS = {
     "adamw-4bit": (
-        "torchao 0.18's AdamW4bit fails under FSDP2 on torch 2.13 (an assertion on the "
-        "tensor dimensions of its sharded state, inside torchao); use adamw-8bit"
+        "torchao 0.18's AdamW4bit crashes the process (a segmentation fault in its compiled "
+        "step on the CPU, torch 2.13) although it runs under FSDP2; use adamw-8bit"
     ),
 }
-"""Values that exist only to be refused, and why."""
+"""Values that exist only to be refused, and why (docs/training.md says what was tried)."""
 
 WORLD_SIZE_BOUND = ("adamw-8bit",)
 """Modes whose saved state is laid out per rank's shard (torchao quantizes blocks of the local

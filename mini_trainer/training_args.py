@@ -153,8 +153,9 @@ class TrainingArgs:
     grad_clip: float = _arg(1.0, "Clip the global gradient norm to this (0 disables).", minimum=0)
     optimizer: str = _arg(
         "adamw",
-        "adamw (fp32 states), adamw-bf16 (bf16 states), adamw-8bit (torchao, 8-bit states); "
-        "adamw-4bit is refused (docs/training.md).",
+        "AdamW's moments: adamw (fp32), adamw-bf16 (bf16), adamw-8bit (torchao, block-quantized; "
+        "its state resumes on the same number of ranks); adamw-4bit is refused "
+        "(docs/training.md).",
         choices=OPTIMIZERS,
     )
     param_dtype: str = _arg(

@@ -1,5 +1,5 @@
 """Lean training state: `--optimizer` and `--param-dtype` (training/optimizer.py,
-training/lean_adamw.py, training/adamw8bit.py, optimizer_options.py)."""
+training/lean_adamw.py, training/lowbit_adamw.py, optimizer_options.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 import torch
-from helpers import base_flags, read_metrics, train_in_process
+from helpers import REPO_ROOT, base_flags, read_metrics, train_in_process
 from safetensors.torch import load_file
 
 from mini_trainer.errors import UserError
@@ -22,7 +22,7 @@ REQUIRED = {"model_name_or_path": "m", "data_path": "d", "output_dir": "o"}
 @pytest.mark.parametrize(
     ("options", "expected"),
     [
-        ({"optimizer": "adamw-4bit"}, "--optimizer adamw-4bit: torchao 0.18's AdamW4bit fails"),
+        ({"optimizer": "adamw-4bit"}, "--optimizer adamw-4bit: torchao 0.18's AdamW4bit crashes"),
         ({"optimizer": "sgd"}, "--optimizer: unknown value 'sgd'"),
         ({"param_dtype": "fp16"}, "--param-dtype: unknown value 'fp16'"),
         (
@@ -96,7 +96,12 @@ def test_lean_adamw_with_fp32_states_is_torch_adamw():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
-MODES = [("adamw-bf16", "fp32"), ("adamw", "bf16"), ("adamw-8bit", "fp32"), ("adamw-8bit", "bf16")]
+MODES = [
+    ("adamw-bf16", "fp32"),
+    ("adamw", "bf16"),
+    ("adamw-8bit", "fp32"),
+    ("adamw-8bit", "bf16"),
+]
 
 
 @pytest.mark.slow
@@ -126,3 +131,62 @@ def test_every_mode_resumes_bit_identically(demo_dir, tmp_path, optimizer, param
     assert any(not torch.equal(before[k], base[k]) for k in base), "nothing trained"
     for key in before:
         assert torch.equal(before[key], after[key]), key
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "param_dtype"),
+    [("adamw", "fp32"), ("adamw-bf16", "fp32"), ("adamw", "bf16"), ("adamw-8bit", "fp32")],
+)
+def test_plan_counts_the_state_the_real_optimizer_builds(optimizer, param_dtype):
+    from mini_trainer.plan.optimizer_state import state_bytes, tensor_bytes
+    from mini_trainer.training.optimizer import optimizer_class
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(128, 64)  # weight: 8,192 elements (8-bit blocks), bias: 64 (fp32)
+    args = TrainingArgs(**REQUIRED, optimizer=optimizer, param_dtype=param_dtype)
+    planned = state_bytes(model, args, world=1)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[param_dtype]
+    params = [p.detach().to(dtype).requires_grad_() for p in model.parameters()]
+    real = optimizer_class(args)(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    for param in params:
+        param.grad = torch.randn_like(param)
+    real.step()
+    measured = sum(tensor_bytes(v) for state in real.state.values() for v in state.values())
+    assert planned == measured
+    fp32_adamw = 2 * 4 * (128 * 64 + 64) + 2 * 4  # two fp32 moments and a step per parameter
+    ratio = {"adamw": 1.0, "adamw-bf16": 0.5}.get(optimizer)
+    if ratio is not None:
+        assert measured == pytest.approx(ratio * fp32_adamw, abs=8)
+    else:  # 8-bit codes + one fp32 scale per 256 + the 256-entry code table, per moment
+        assert measured < 0.3 * fp32_adamw
+
+
+def test_the_8bit_state_layout_follows_the_shard_size():
+    from mini_trainer.plan.optimizer_state import state_bytes
+
+    args = TrainingArgs(**REQUIRED, optimizer="adamw-8bit")
+    model = torch.nn.Linear(128, 64, bias=False)  # 8,192 elements
+    per_rank = {world: state_bytes(model, args, world) for world in (1, 2, 4)}
+    assert per_rank[2] < 0.6 * per_rank[1]  # 4,096 per shard: still 8-bit (half the codes)
+    assert per_rank[4] > per_rank[2]  # 2,048 per shard: torchao keeps fp32 state
+
+
+PLAN_FIXTURES = REPO_ROOT / "tests" / "fixtures" / "plan"
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "tokens", "mode", "fits"),
+    [
+        ("llama-3.1-70b", 8, 8192, [], False),
+        ("llama-3.1-70b", 8, 8192, ["--optimizer", "adamw-8bit", "--param-dtype", "bf16"], True),
+        ("llama-3.1-8b", 1, 16384, [], False),
+        ("llama-3.1-8b", 1, 16384, ["--optimizer", "adamw-8bit", "--param-dtype", "bf16"], True),
+    ],
+)
+def test_plan_verdicts_of_docs_plan_md(model, gpus, tokens, mode, fits):
+    from mini_trainer.plan.inputs import Cluster, make_plan
+
+    cluster = Cluster(nodes=1, gpus_per_node=gpus, gpu_memory_gib=80, device="cuda")
+    flags = ["--max-tokens-per-gpu", str(tokens), "--activation-checkpointing", *mode]
+    plan = make_plan(str(PLAN_FIXTURES / model), None, cluster, [*flags, "--batch-size", "8"])
+    assert plan["per_gpu"]["fits"] is fits

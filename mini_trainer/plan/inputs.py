@@ -83,7 +83,7 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
     # deferred: torch, once the flags and the model folder are checked
     import torch
 
-    from mini_trainer.plan import activations, host, memory
+    from mini_trainer.plan import activations, host, memory, optimizer_state
     from mini_trainer.plan import model as planned
     from mini_trainer.training.loss import DEFAULT_CHUNK_SIZE
 
@@ -101,7 +101,7 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
     config = load_config(model_dir, cluster.device)
     wrapped, method = planned.build(config, args)
     counts = planned.count(wrapped, method, cluster.world, args.weight_decay)
-    compute = torch.bfloat16 if cuda else torch.float32
+    compute = torch.bfloat16 if cuda or args.param_dtype == "bf16" else torch.float32
     trace = activations.trace(wrapped, args.max_tokens_per_gpu, compute, cuda)
     setup = memory.Setup(
         world=cluster.world,
@@ -114,6 +114,9 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         chunk_size=DEFAULT_CHUNK_SIZE,
         hidden=config.hidden_size,
         vocab=config.vocab_size,
+        param_bytes=optimizer_state.PARAM_BYTES[args.param_dtype],
+        optimizer_state_bytes=optimizer_state.state_bytes(wrapped, args, cluster.world),
+        optimizer=args.optimizer,
     )
     result = memory.memory(counts, trace, setup)
     budget = int(cluster.gpu_memory_gib * memory.GIB)
@@ -137,6 +140,8 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
             "cpu_offload": args.cpu_offload,
             "use_liger_kernels": args.use_liger_kernels,
             "defer_grad_sync": args.defer_grad_sync,
+            "optimizer": args.optimizer,
+            "param_dtype": args.param_dtype,
         },
         "parameters": {
             "total": counts.total_params,

@@ -44,11 +44,16 @@ class Setup:
     chunk_size: int
     hidden: int
     vocab: int
+    param_bytes: int = 4
+    """Bytes per element of the master weights and gradients (`--param-dtype`)."""
+    optimizer_state_bytes: int | None = None
+    """Rank 0's optimizer state (plan/optimizer_state.py); None: fp32 AdamW's two moments."""
+    optimizer: str = "adamw"
 
     @property
     def compute_bytes(self) -> int:
-        """bf16 compute on CUDA (MixedPrecisionPolicy), fp32 on the CPU."""
-        return 2 if self.cuda else 4
+        """bf16 compute on CUDA (MixedPrecisionPolicy) or with bf16 parameters, else fp32."""
+        return 2 if self.cuda or self.param_bytes == 2 else 4
 
 
 @dataclass
@@ -106,15 +111,20 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
     saved = int(trace.saved(setup.activation_checkpointing) * scale)
     held, chunk = loss_head_bytes(setup, setup.tokens)
     recompute = int(trace.layer_bytes * scale) if setup.activation_checkpointing else 0
-    layer_grads = (counts.shard_trainable - counts.root.shard_trainable) * 4
+    p_bytes = setup.param_bytes
+    p_name = "fp32" if p_bytes == 4 else "bf16"
+    layer_grads = (counts.shard_trainable - counts.root.shard_trainable) * p_bytes
+    states = setup.optimizer_state_bytes
+    if states is None:
+        states = 2 * counts.shard_trainable * 4
     root_grads = counts.root.trainable * (c_bytes + (4 if setup.world > 1 else 0))
     grads_unsharded = 0
     if setup.defer_grad_sync:  # every unit's gradients unsharded (fp32) between micro-batches
         grads_unsharded = counts.trainable_params * 4
     lines = [
         Line(
-            "parameter shard (fp32)",
-            plain * 4 * on_gpu,
+            f"parameter shard ({p_name})",
+            plain * p_bytes * on_gpu,
             "counted",
             PHASES,
             "on the host (--cpu-offload)" if setup.cpu_offload else "",
@@ -126,7 +136,12 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
             PHASES,
             "W_high and frozen bases; low factors train",
         ),
-        Line("gradient shard (fp32)", counts.shard_trainable * 4 * on_gpu, "counted", (OPT,)),
+        Line(
+            f"gradient shard ({p_name})",
+            counts.shard_trainable * p_bytes * on_gpu,
+            "counted",
+            (OPT,),
+        ),
         Line(
             "gradient shard of the decoder layers",
             layer_grads * on_gpu,
@@ -135,10 +150,11 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
             "all but the root's, which is reduced last",
         ),
         Line(
-            "optimizer states (AdamW, fp32)",
-            2 * counts.shard_trainable * 4 * on_gpu,
+            f"optimizer states ({setup.optimizer})",
+            states * on_gpu,
             "counted",
             PHASES,
+            "the optimizer's own state layout on rank 0's shards",
         ),
         Line(
             "root unit unsharded",
@@ -179,13 +195,7 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
             "one unit's all-gather output and reduce-scatter input",
         ),
         Line("unsharded gradients (--defer-grad-sync)", grads_unsharded, "counted", (BEND,)),
-        Line(
-            "optimizer step temporaries",
-            (counts.shard_trainable * 4 if setup.cuda else counts.largest_param * 4) * on_gpu,
-            "formula",
-            (OPT,),
-            "foreach AdamW: one fp32 copy of the shard; CPU: one parameter",
-        ),
+        step_temporaries(counts, setup, on_gpu),
     ]
     result = Memory([line for line in lines if line.bytes or line.source != "formula"])
     for phase in PHASES:
@@ -206,6 +216,25 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
     )
     result.peak = tensors + overhead
     return result
+
+
+LEAN_TEMPORARIES = {"adamw-bf16": 5, "adamw-8bit": 4}
+"""fp32 copies of one parameter that the lean optimizers' per-parameter step holds at once
+(gradient, both moments, weights, denominator; torchao's compiled step fuses one away)."""
+
+
+def step_temporaries(counts: Counts, setup: Setup, on_gpu: int) -> Line:
+    """The optimizer step's temporaries (formula): torch's foreach AdamW copies the whole shard
+    once in fp32 on CUDA, one parameter on the CPU; the lean modes step one parameter at a time
+    in fp32."""
+    if setup.optimizer == "adamw" and setup.param_bytes == 4:
+        size = counts.shard_trainable * 4 if setup.cuda else counts.largest_param * 4
+        note = "foreach AdamW: one fp32 copy of the shard; CPU: one parameter"
+    else:
+        copies = LEAN_TEMPORARIES.get(setup.optimizer, 5)
+        size = copies * counts.largest_param * 4
+        note = f"{copies} fp32 copies of the largest parameter (one parameter at a time)"
+    return Line("optimizer step temporaries", size * on_gpu, "formula", (OPT,), note)
 
 
 def largest_tokens(counts: Counts, trace: Trace, setup: Setup, budget: int) -> int:

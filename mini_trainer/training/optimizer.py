@@ -35,7 +35,7 @@ def optimizer_class(args: TrainingArgs):
     """The optimizer of a mode, as a constructor of (param_groups, lr, betas, eps,
     weight_decay); `plan` counts the states of the same constructor."""
     if args.optimizer == "adamw-8bit":
-        from mini_trainer.training.adamw8bit import AdamW8bit  # deferred: torchao
+        from mini_trainer.training.lowbit_adamw import AdamW8bit  # deferred: torchao
 
         return functools.partial(AdamW8bit, bf16_stochastic_round=args.param_dtype == "bf16")
     if args.optimizer == "adamw" and args.param_dtype == "fp32":

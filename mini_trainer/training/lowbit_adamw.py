@@ -1,4 +1,5 @@
-"""torchao's 8-bit AdamW, with a learning rate the scheduler can set like any optimizer's.
+"""torchao's 8-bit AdamW, with a learning rate the scheduler can set like any
+optimizer's.
 
 torchao keeps each group's `lr` as a tensor (its compiled step takes it as an input, so a new
 value needs no recompile) and refuses a step after the value was replaced by a float, which is
@@ -6,10 +7,11 @@ what every torch/transformers scheduler does. Here `param_groups` hold floats, a
 else (the scheduler, `metrics.jsonl`, the saved state), and each step fills torchao's tensors
 from them (`fill_`, never assignment) for the duration of torchao's own step.
 
-Its state (`exp_avg`, `exp_avg_sq`) is an `OptimState8bit` per parameter: int8 codes and one
-fp32 scale per block of 256 elements of this rank's shard; a shard under 4,096 elements, or not a
-multiple of the block, keeps plain fp32 state. The first steps compile
-torchao's update, once per shard shape.
+The state (`exp_avg`, `exp_avg_sq`) is a torchao tensor subclass per parameter: 8-bit codes and
+one fp32 scale per block of 256 elements of this rank's shard; a shard under
+4,096 elements, or not a multiple of the block, keeps plain fp32 state. Blocks are cut from the
+local shard, so the state's layout depends on the world size (optimizer_options.WORLD_SIZE_BOUND).
+The first steps compile torchao's update, once per shard shape.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from torchao.optim import AdamW8bit as _TorchaoAdamW8bit
 from mini_trainer.training.lean_adamw import keep_saved_moments
 
 
-class AdamW8bit(_TorchaoAdamW8bit):
-    """`torchao.optim.AdamW8bit` whose param groups' `lr` are floats between steps."""
+class _FloatLR:
+    """What is added to torchao's optimizer: float `lr` between steps, fp32 states
+    for bf16 parameters, moments kept as saved on load, and `new_state` for `plan`."""
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)  # torchao turns lr into a tensor
@@ -63,3 +66,7 @@ class AdamW8bit(_TorchaoAdamW8bit):
             "exp_avg": self._new_buffer(param, True),
             "exp_avg_sq": self._new_buffer(param, False),
         }
+
+
+class AdamW8bit(_FloatLR, _TorchaoAdamW8bit):
+    """`torchao.optim.AdamW8bit`, blocks of 256."""

@@ -1,0 +1,73 @@
+"""Rank 0's optimizer-state bytes, counted from the run's own optimizer on the meta device.
+
+The optimizer of the `--optimizer` / `--param-dtype` mode (`training/optimizer.optimizer_class`,
+the constructor training uses) is built over meta tensors shaped like rank 0's shards (dim 0
+split over the ranks, as `fully_shard` does) and asked for each parameter's state before its
+first step: torch's AdamW by its own `_init_group`, the lean modes by `new_state` (torchao's
+`_new_buffer` for 8-bit). So a mode's layout rules are the real ones (8-bit blocks of 256 with an
+fp32 scale each, fp32 state for a shard under 4,096 elements), not a bytes-per-parameter constant.
+Nothing is allocated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from mini_trainer.training.optimizer import optimizer_class
+
+PARAM_BYTES = {"fp32": 4, "bf16": 2}
+"""`--param-dtype` -> bytes per element of the master weights and gradients."""
+
+
+def shard_like(param: torch.Tensor, world: int, dtype: torch.dtype) -> torch.Tensor:
+    """A meta tensor of rank 0's shard of `param` (dim 0 split into `world` padded chunks)."""
+    shape = tuple(param.shape)
+    if shape:
+        shape = (math.ceil(shape[0] / world), *shape[1:])
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def tensor_bytes(value) -> int:
+    """Bytes of a state value: a tensor, or a tensor subclass by its inner tensors (torchao)."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    flatten = getattr(type(value), "__tensor_flatten__", None)
+    if flatten is not None and type(value) is not torch.Tensor:
+        names, _ = value.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(value, name)) for name in names)
+    return value.numel() * value.element_size()
+
+
+def state_bytes(wrapped: nn.Module, args, world: int) -> int:
+    """Bytes of rank 0's optimizer state for the trainable parameters of `wrapped`."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.param_dtype]
+    seen: set[int] = set()
+    shards = []
+    for param in wrapped.parameters():
+        if param.requires_grad and id(param) not in seen:
+            seen.add(id(param))
+            shards.append(shard_like(param, world, dtype))
+    if not shards:
+        return 0
+    optimizer = optimizer_class(args)(
+        shards, lr=args.learning_rate, betas=(args.beta1, args.beta2), eps=args.eps,
+        weight_decay=args.weight_decay,
+    )  # fmt: skip
+    return sum(
+        tensor_bytes(value) for shard in shards for value in new_state(optimizer, shard).values()
+    )
+
+
+def new_state(optimizer, shard: torch.Tensor) -> dict:
+    """The state `optimizer` gives `shard` at its first step."""
+    if hasattr(optimizer, "new_state"):
+        return optimizer.new_state(shard)
+    # torch's AdamW: its own state initialisation, for this one parameter
+    group = {**optimizer.param_groups[0], "params": [shard]}
+    shard.grad = torch.empty_like(shard)
+    optimizer._init_group(group, [], [], [], [], [], [])
+    shard.grad = None
+    return optimizer.state[shard]
