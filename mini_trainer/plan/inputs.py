@@ -117,6 +117,7 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         param_bytes=optimizer_state.PARAM_BYTES[args.param_dtype],
         optimizer_state_bytes=optimizer_state.state_bytes(wrapped, args, cluster.world),
         optimizer=args.optimizer,
+        step_copies=optimizer_state.step_copies(args),
     )
     result = memory.memory(counts, trace, setup)
     budget = int(cluster.gpu_memory_gib * memory.GIB)

@@ -49,6 +49,9 @@ class Setup:
     optimizer_state_bytes: int | None = None
     """Rank 0's optimizer state (plan/optimizer_state.py); None: fp32 AdamW's two moments."""
     optimizer: str = "adamw"
+    step_copies: int = 0
+    """fp32 copies of one parameter the lean step holds (lean_adamw.fp32_temporaries); 0: not
+    a LeanAdamW mode."""
 
     @property
     def compute_bytes(self) -> int:
@@ -218,9 +221,9 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
     return result
 
 
-LEAN_TEMPORARIES = {"adamw-bf16": 5, "adamw-8bit": 4}
-"""fp32 copies of one parameter that the lean optimizers' per-parameter step holds at once
-(gradient, both moments, weights, denominator; torchao's compiled step fuses one away)."""
+LOWBIT_TEMPORARIES = 3
+"""fp32 copies of one parameter that torchao's compiled 8-bit step holds at once (its two
+dequantized moments and the update; a formula: the CPU memory probe cannot run a compiled step)."""
 
 
 def step_temporaries(counts: Counts, setup: Setup, on_gpu: int) -> Line:
@@ -231,7 +234,7 @@ def step_temporaries(counts: Counts, setup: Setup, on_gpu: int) -> Line:
         size = counts.shard_trainable * 4 if setup.cuda else counts.largest_param * 4
         note = "foreach AdamW: one fp32 copy of the shard; CPU: one parameter"
     else:
-        copies = LEAN_TEMPORARIES.get(setup.optimizer, 5)
+        copies = setup.step_copies or LOWBIT_TEMPORARIES
         size = copies * counts.largest_param * 4
         note = f"{copies} fp32 copies of the largest parameter (one parameter at a time)"
     return Line("optimizer step temporaries", size * on_gpu, "formula", (OPT,), note)

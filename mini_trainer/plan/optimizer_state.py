@@ -16,6 +16,7 @@ import math
 import torch
 from torch import nn
 
+from mini_trainer.training.lean_adamw import fp32_temporaries
 from mini_trainer.training.optimizer import optimizer_class
 
 PARAM_BYTES = {"fp32": 4, "bf16": 2}
@@ -71,3 +72,13 @@ def new_state(optimizer, shard: torch.Tensor) -> dict:
     optimizer._init_group(group, [], [], [], [], [], [])
     shard.grad = None
     return optimizer.state[shard]
+
+
+def step_copies(args) -> int:
+    """fp32 copies of one parameter that the step of a LeanAdamW mode holds at once (0 for torch's
+    AdamW and torchao's, whose temporaries `memory.step_temporaries` counts otherwise)."""
+    if args.optimizer == "adamw-8bit" or (args.optimizer, args.param_dtype) == ("adamw", "fp32"):
+        return 0
+    state = torch.bfloat16 if args.optimizer == "adamw-bf16" else torch.float32
+    param = torch.bfloat16 if args.param_dtype == "bf16" else torch.float32
+    return fp32_temporaries(state, param)

@@ -39,7 +39,7 @@ def stochastic_round_(
     noise = torch.randint(
         0, 1 << 16, bits.shape, dtype=torch.int32, device=bits.device, generator=generator
     )
-    target.copy_(((bits + noise) & -65536).view(torch.float32))  # exact in bf16
+    target.copy_(noise.add_(bits).bitwise_and_(-65536).view(torch.float32))  # exact in bf16
 
 
 def noise_generator(device: torch.device, *key: int) -> torch.Generator:
@@ -48,6 +48,14 @@ def noise_generator(device: torch.device, *key: int) -> torch.Generator:
     generator = torch.Generator(device=device)
     generator.manual_seed(hash(key) & (2**63 - 1))
     return generator
+
+
+def fp32_temporaries(state_dtype: torch.dtype, param_dtype: torch.dtype) -> int:
+    """fp32 (or int32) copies of one parameter that `LeanAdamW.step` holds at once: a copy of
+    each bf16 moment, of a bf16 parameter and its gradient, and one more (the denominator, then
+    the rounding's random bits). `plan` counts the step's temporaries with it."""
+    low = (state_dtype != torch.float32, param_dtype != torch.float32)
+    return 1 + 2 * low[0] + 2 * low[1]
 
 
 def keep_saved_moments(optimizer, state_dict: dict, dtype: torch.dtype | None = None) -> None:
@@ -123,8 +131,9 @@ class LeanAdamW(torch.optim.Optimizer):
                 weights = local(param).float()
                 weights.mul_(1 - lr * decay)
                 bias1, bias2 = 1 - beta1**step, 1 - beta2**step
-                denom = (exp_avg_sq.sqrt() / math.sqrt(bias2)).add_(eps)
+                denom = exp_avg_sq.sqrt().div_(math.sqrt(bias2)).add_(eps)
                 weights.addcdiv_(exp_avg, denom, value=-lr / bias1)
+                del denom  # before the rounding's random bits: one temporary at a time
                 key = (self.seed, self.rank, int(step), index)
                 for slot, (target, value) in enumerate(
                     ((state["exp_avg"], exp_avg), (state["exp_avg_sq"], exp_avg_sq),
