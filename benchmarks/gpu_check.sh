@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One prepared check of mini-trainer's GPU path, in under 10 minutes on one GPU.
+# One prepared check of mini-trainer's GPU path, in about 13 minutes on one GPU (--parts: less).
 #
-#   benchmarks/gpu_check.sh [--out gpu_check.json] [--cpu-dry-run]
+#   benchmarks/gpu_check.sh [--out gpu_check.json] [--cpu-dry-run] [--parts NAME,NAME...]
 #
 # Parts (each under its own time limit; a failed or timed-out part is recorded and the rest
 # still run; the JSON is always written):
@@ -18,19 +18,26 @@
 #   train_compiled  the same with --compile (eager vs compiled: compare its tokens/s and MFU
 #                   with train_bf16's; its first steps include the compile time)
 #   throughput      a random-init ~1B Llama, packed rows against padded batches: tokens/s, MFU
+#   train_lean      the demo training with bf16 parameters and 8-bit AdamW (torchao's kernels
+#                   compiled for CUDA), a state saved mid-run
+#   train_bf16_states  the same with bf16-state AdamW (pure torch, stochastic rounding)
 # Then one JSON (--out) and a table on stdout. Exit status 1 if any part failed.
 #
 # --cpu-dry-run runs every part at tiny sizes on the CPU (fp32; Liger is expected to be refused
-# there): it checks this script, not the GPU. Set PYTHON to choose the interpreter.
+# there): it checks this script, not the GPU. Set PYTHON to choose the interpreter. --parts runs
+# only the named parts (the training parts need demo_assets), e.g. the lean-state check alone:
+#   --parts demo_assets,train_bf16,train_lean,train_bf16_states
 set -euo pipefail
 
 OUT="gpu_check.json"
 DRY=""
+ONLY=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --cpu-dry-run) DRY="--cpu-dry-run"; shift ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --parts) ONLY="$2"; shift 2 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -47,6 +54,7 @@ FAILED=0
 # run_part NAME TIMEOUT_S COMMAND...: run, time, record status and the output's tail.
 run_part() {
   local name="$1" limit="$2"; shift 2
+  if [[ -n "$ONLY" && ",$ONLY," != *",$name,"* ]]; then return 0; fi
   local log="$PARTS/$name.log" started status rc=0
   started=$(date +%s.%N)
   echo "== $name (limit ${limit}s)"
@@ -67,13 +75,14 @@ EOF
   echo "   $status"
 }
 
-# Time limits (seconds) sum to under 10 minutes on a GPU; the CPU dry run gets more room.
+# Time limits (seconds) sum to 13 minutes on a GPU (--parts for less); the CPU dry run gets more.
 if [[ -n "$DRY" ]]; then
   STEPS=3; NPROC=1; T_TESTS=600; T_ATTN=600; T_DEMO=300; T_TRAIN=600; T_THROUGHPUT=600
   T_COMPILED=1800  # inductor builds C++ kernels on the CPU: minutes on 2 shared cores
+  T_LEAN=1800      # torchao's 8-bit step compiles too
 else
   STEPS=40; NPROC=1; T_TESTS=90; T_ATTN=45; T_DEMO=30; T_TRAIN=75; T_THROUGHPUT=150
-  T_COMPILED=120
+  T_COMPILED=120; T_LEAN=120
 fi
 
 run_part tests "$T_TESTS" "$PY" -m pytest -q -x -p no:cacheprovider \
@@ -107,6 +116,12 @@ else
 fi
 
 run_part train_compiled "$T_COMPILED" bash -c 'train train_compiled --compile'
+
+# Lean state: each run saves a state mid-run through torch.distributed.checkpoint.
+run_part train_lean "$T_LEAN" bash -c \
+  'train train_lean --optimizer adamw-8bit --param-dtype bf16 --save-every-steps $((STEPS / 2))'
+run_part train_bf16_states "$T_TRAIN" bash -c \
+  'train train_bf16_states --optimizer adamw-bf16 --param-dtype bf16 --save-every-steps $((STEPS / 2))'
 
 run_part throughput "$T_THROUGHPUT" "$PY" benchmarks/gpu_check.py throughput --out "$PARTS/throughput.json" $DRY
 

@@ -131,6 +131,11 @@ def test_every_mode_resumes_bit_identically(demo_dir, tmp_path, optimizer, param
     assert any(not torch.equal(before[k], base[k]) for k in base), "nothing trained"
     for key in before:
         assert torch.equal(before[key], after[key]), key
+    # the export (--save-dtype float32 here, bf16 weights upcast exactly) loads in transformers
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(resumed / "final").state_dict()
+    assert all(torch.equal(loaded[key], after[key]) for key in after)
 
 
 @pytest.mark.parametrize(
