@@ -16,8 +16,8 @@ is applied with stochastic rounding, so that updates smaller than bf16's spacing
 
 from __future__ import annotations
 
-OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit", "adamw-4bit")
-"""`--optimizer` values (adamw-4bit is a named value so that it is refused with its reason)."""
+OPTIMIZERS = ("adamw", "adamw-bf16", "adamw-8bit")
+"""`--optimizer` values (the config schema's enum is generated from them)."""
 PARAM_DTYPES = ("fp32", "bf16")
 """`--param-dtype` values: the dtype of the sharded master weights and their gradients."""
 
@@ -27,7 +27,8 @@ REFUSED_OPTIMIZERS = {
         "step on the CPU, torch 2.13) although it runs under FSDP2; use adamw-8bit"
     ),
 }
-"""Values that exist only to be refused, and why (docs/training.md says what was tried)."""
+"""Values refused with their reason rather than as unknown (docs/training.md says what was
+tried)."""
 
 WORLD_SIZE_BOUND = ("adamw-8bit",)
 """Modes whose saved state is laid out per rank's shard (torchao quantizes blocks of the local
@@ -38,12 +39,12 @@ size that saved it (`state_layout`, compared by `layout_differences`)."""
 def optimizer_problems(args) -> list[str]:
     """Rule violations of `--optimizer` / `--param-dtype` with the other options (one line each)."""
     problems = []
-    if args.optimizer not in OPTIMIZERS:
+    if args.optimizer in REFUSED_OPTIMIZERS:
+        problems.append(f"--optimizer {args.optimizer}: {REFUSED_OPTIMIZERS[args.optimizer]}")
+    elif args.optimizer not in OPTIMIZERS:
         problems.append(
             f"--optimizer: unknown value {args.optimizer!r} (one of {', '.join(OPTIMIZERS)})"
         )
-    elif args.optimizer in REFUSED_OPTIMIZERS:
-        problems.append(f"--optimizer {args.optimizer}: {REFUSED_OPTIMIZERS[args.optimizer]}")
     if args.param_dtype not in PARAM_DTYPES:
         problems.append(
             f"--param-dtype: unknown value {args.param_dtype!r} (one of {', '.join(PARAM_DTYPES)})"

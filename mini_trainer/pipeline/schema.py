@@ -44,9 +44,8 @@ SET_BY_PIPELINE = (
 )
 """TrainingArgs fields the pipeline sets itself (`layout.training_options`): not options."""
 
-REFUSED_CHOICES = {"training_mode": ("infinite",), "optimizer": ("adamw-4bit",)}
-"""Values that a pipeline job cannot use (an infinite job never finishes; adamw-4bit is named only
-to be refused, optimizer_options.REFUSED_OPTIMIZERS)."""
+REFUSED_CHOICES = {"training_mode": ("infinite",)}
+"""Values the engine takes that a pipeline job cannot use (an infinite job never finishes)."""
 
 _BOUNDS = {
     "minimum": "minimum",
