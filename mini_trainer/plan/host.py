@@ -12,19 +12,29 @@ SVD_PART_BYTES = 1024**3
 
 
 def host_and_disk(
-    counts: Counts, gpus_per_node: int, cpu_offload: bool, osft: bool, save_bytes: int
+    counts: Counts,
+    gpus_per_node: int,
+    cpu_offload: bool,
+    osft: bool,
+    save_bytes: int,
+    param_bytes: int = 4,
+    state_bytes: int | None = None,
+    saved_states: int | None = None,
 ) -> tuple[list[dict], list[dict]]:
-    """(host lines per node, disk lines); each {name, bytes, note}."""
-    shard = counts.shard_params * 4
-    trainable = counts.shard_trainable * 4
+    """(host lines per node, disk lines); each {name, bytes, note}. `param_bytes`: per element
+    of the master weights and gradients; `state_bytes`: rank 0's optimizer state (None: fp32
+    AdamW's); `saved_states`: a saved state's moments, all ranks (None: fp32 AdamW's)."""
     largest = counts.largest_param * 4
+    if state_bytes is None:
+        state_bytes = 2 * counts.shard_trainable * 4
     host = []
     if cpu_offload:
         host.append(
             {
                 "name": "CPU offload: shards, gradients, optimizer states",
-                "bytes": gpus_per_node * (shard + 3 * trainable),
-                "note": "every GPU's fp32 shards live in host memory",
+                "bytes": gpus_per_node
+                * ((counts.shard_params + counts.shard_trainable) * param_bytes + state_bytes),
+                "note": "every GPU's shards live in host memory",
             }
         )
     load = 2 * largest
@@ -56,8 +66,9 @@ def host_and_disk(
     disk = [
         {
             "name": "a training state (state/step_K)",
-            "bytes": counts.total_params * 4 + 2 * counts.trainable_params * 4,
-            "note": "fp32 weights and AdamW states of the whole model, all ranks together",
+            "bytes": counts.total_params * param_bytes
+            + (counts.trainable_params * 8 if saved_states is None else saved_states),
+            "note": "weights and AdamW moments of the whole model, all ranks together",
         },
         {
             "name": "a Hugging Face checkpoint",

@@ -127,6 +127,11 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         args.cpu_offload,
         args.osft,
         {"float32": 4, "bfloat16": 2, "float16": 2}[args.save_dtype],
+        param_bytes=setup.param_bytes,
+        state_bytes=setup.optimizer_state_bytes,
+        saved_states=None
+        if args.optimizer == "adamw"
+        else setup.optimizer_state_bytes * cluster.world,
     )
     return {
         "model": str(model_dir),
