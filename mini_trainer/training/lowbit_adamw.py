@@ -16,15 +16,25 @@ The first steps compile torchao's update, once per shard shape.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torchao.optim import AdamW8bit as _TorchaoAdamW8bit
+from torchao.optim.adam import single_param_adam
 
-from mini_trainer.training.lean_adamw import keep_saved_moments
+from mini_trainer.training.lean_adamw import keep_saved_moments, local
+
+
+@functools.cache
+def _compiled_update():
+    """torchao's per-parameter update, compiled as torchao compiles it (once per shape)."""
+    return torch.compile(single_param_adam, fullgraph=True, dynamic=False)
 
 
 class _FloatLR:
-    """What is added to torchao's optimizer: float `lr` between steps, fp32 states
-    for bf16 parameters, moments kept as saved on load, and `new_state` for `plan`."""
+    """What is added to torchao's optimizer: float `lr` between steps, the update on local
+    shards, fp32 states for bf16 parameters, moments kept as saved on load, and `new_state`
+    for `plan`."""
 
     def add_param_group(self, param_group: dict) -> None:
         super().add_param_group(param_group)  # torchao turns lr into a tensor
@@ -33,19 +43,37 @@ class _FloatLR:
 
     @torch.no_grad()
     def step(self, closure=None):
+        """torchao's step, on each rank's local shard: torchao compiles its update for the
+        DTensor, whose shard shapes differ between ranks when dim 0 does not divide evenly (and
+        a shard under 4,096 elements keeps fp32 state on one rank but not another), which fails
+        on the other ranks; a local tensor compiles for this rank's own shape."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         tensors = getattr(self, "_lr_tensors", None)
         if tensors is None or len(tensors) != len(self.param_groups):
             tensors = self._lr_tensors = [
                 torch.tensor(0.0, dtype=torch.float32) for _ in self.param_groups
             ]
-        values = [group["lr"] for group in self.param_groups]
-        for group, tensor, value in zip(self.param_groups, tensors, values, strict=True):
-            group["lr"] = tensor.fill_(float(value))
-        try:
-            return super().step(closure)
-        finally:
-            for group, value in zip(self.param_groups, values, strict=True):
-                group["lr"] = value
+        with torch._dynamo.utils.disable_cache_limit():
+            for group, lr in zip(self.param_groups, tensors, strict=True):
+                lr.fill_(float(group["lr"]))
+                beta1, beta2 = group["betas"]
+                for param in group["params"]:
+                    if param.grad is None:
+                        continue
+                    state = self.state[param]
+                    if not state:
+                        state.update(self.new_state(param))
+                    state["step"] += 1
+                    _compiled_update()(
+                        local(param.detach()), local(param.grad), state["step"],
+                        local(state["exp_avg"]), local(state["exp_avg_sq"]), None, lr, beta1,
+                        beta2, group["weight_decay"], group["eps"], True,
+                        self.bf16_stochastic_round and param.dtype is torch.bfloat16,
+                    )  # fmt: skip
+        return loss
 
     def _new_buffer(self, param: torch.Tensor, signed: bool):
         """torchao's state, always over fp32 (its 8-bit state of a bf16 parameter fails to
