@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check of mini-trainer's GPU path, in about 13 minutes on one GPU (--parts: less).
+# One prepared check of mini-trainer's GPU path, in about 14 minutes on one GPU (--parts: less).
 #
 #   benchmarks/gpu_check.sh [--out gpu_check.json] [--cpu-dry-run] [--parts NAME,NAME...]
 #
@@ -75,7 +75,7 @@ EOF
   echo "   $status"
 }
 
-# Time limits (seconds) sum to 13 minutes on a GPU (--parts for less); the CPU dry run gets more.
+# Time limits (seconds) sum to 13.75 minutes on a GPU (--parts for less); the CPU dry run gets more.
 if [[ -n "$DRY" ]]; then
   STEPS=3; NPROC=1; T_TESTS=600; T_ATTN=600; T_DEMO=300; T_TRAIN=600; T_THROUGHPUT=600
   T_COMPILED=1800  # inductor builds C++ kernels on the CPU: minutes on 2 shared cores
