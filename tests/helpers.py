@@ -1,6 +1,7 @@
 """Helpers shared by the tests: child-process environment, CLI and training runners, flags,
-metrics, and killing a training job mid-run. Fixtures live in conftest.py; tests import these
-from here (`from helpers import ...`), never from conftest."""
+metrics, killing a training job mid-run, and the tiny random Llama the unit tests build.
+Fixtures live in conftest.py; tests import these from here (`from helpers import ...`), never
+from conftest."""
 
 from __future__ import annotations
 
@@ -21,6 +22,29 @@ import psutil
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORLD_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 """What torchrun (or a world-of-one process group) sets: a new job picks its own."""
+
+
+TINY_LLAMA = dict(
+    vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, use_cache=False,
+)  # fmt: skip
+"""The tiny Llama's sizes; a test passes others where it needs them."""
+
+
+def tiny_llama(attention: str | None = None, seed: int | None = 0, **config):
+    """A random `LlamaForCausalLM` of `TINY_LLAMA`'s sizes (`config` overrides them), after
+    `torch.manual_seed(seed)` (none when `seed` is None), with `attention` as its attention
+    implementation when given (a registered name too)."""
+    # deferred: torch, transformers (most tests that use these helpers need neither)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    llama_config = LlamaConfig(**{**TINY_LLAMA, **config})
+    if attention is not None:
+        llama_config._attn_implementation = attention
+    return LlamaForCausalLM(llama_config)
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

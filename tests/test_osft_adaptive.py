@@ -7,7 +7,8 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama
+from transformers import AutoModelForCausalLM
 
 from mini_trainer.osft.adaptive import sample_inputs, streamed_importance
 
@@ -54,12 +55,10 @@ def test_streamed_importance_equals_the_whole_model_on_the_demo_model(demo_dir):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_streamed_importance_equals_the_whole_model_on_uneven_layers(tmp_path, tied):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+    model = tiny_llama(
+        vocab_size=64, intermediate_size=48, num_hidden_layers=3, tie_word_embeddings=tied,
+        use_cache=True,
     )  # fmt: skip
-    model = LlamaForCausalLM(config)
     with torch.no_grad():  # layers that keep, mix and rewrite their input
         model.model.layers[0].mlp.down_proj.weight.mul_(1e-3)
         model.model.layers[2].mlp.down_proj.weight.mul_(20.0)
