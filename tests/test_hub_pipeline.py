@@ -7,9 +7,9 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from helpers import subprocess_env
+from helpers import make_workdir, subprocess_env
 from hf_cache import build_hub_cache, model_files
-from test_pipeline import check, make_workdir, planned_jobs, rule_counts, snakemake_command
+from test_pipeline import check, planned_jobs, rule_counts, snakemake_command
 
 REPO_ID = "demo-org/tiny-llama"
 

@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import ast
 import functools
-import subprocess
-import sys
 from pathlib import Path
 
-from helpers import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, run_python
 
 PACKAGE = REPO_ROOT / "mini_trainer"
 DEFERRED = "# deferred:"
@@ -338,9 +336,6 @@ def test_light_commands_import_neither_torch_nor_transformers():
         "heavy = sorted({'torch', 'transformers', 'huggingface_hub'} & set(sys.modules))\n"
         "print(heavy)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-        cwd=REPO_ROOT, timeout=300,
-    )  # fmt: skip
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
