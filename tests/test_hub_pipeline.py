@@ -16,6 +16,7 @@ REPO_ID = "demo-org/tiny-llama"
 
 def hub_config(demo_dir, **overrides) -> dict:
     data = demo_dir / "data"
+    # Kept alike on purpose: a config of the shape of test_pipeline.demo_config, for a Hub id.
     config = {
         "model": REPO_ID,
         "tasks": {

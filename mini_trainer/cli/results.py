@@ -139,6 +139,7 @@ def evaluate(
     metavar="PATH METHOD LR STAGE TASK",
     help="An evaluation JSON and its cell; METHOD - LR - STAGE 0 for the base model (repeat).",
 )
+# Kept alike on purpose: click option blocks share one shape; each is its own flag.
 @click.option(
     "--run",
     "runs",
