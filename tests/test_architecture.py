@@ -48,6 +48,12 @@ def test_every_module_of_training_and_models_has_its_line():
                 assert f"| `{path.name}` |" in text, f"docs/architecture.md: no line for {path}"
 
 
+NAMED_NOT_CITED = {
+    (test, "DESIGN.md") for test in ("tests/test_docs.py", "tests/test_architecture.py")
+}
+"""Names that are no citation: test_docs.py lists it as what no document may point to."""
+
+
 def test_every_document_the_code_cites_exists():
     """Each markdown file named in the package, the tests or the benchmarks exists."""
     cited = re.compile(r"(?<![\w/.-])((?:docs/|config/)?[A-Za-z][\w-]*\.md)\b")
@@ -56,6 +62,7 @@ def test_every_document_the_code_cites_exists():
         for path in (REPO_ROOT / folder).rglob("*.py"):
             for name in cited.findall(path.read_text()):
                 where = REPO_ROOT / name if "/" in name else REPO_ROOT / "docs" / name
-                if not where.exists() and not (REPO_ROOT / name).exists():
+                named = (str(path.relative_to(REPO_ROOT)), name) in NAMED_NOT_CITED
+                if not named and not where.exists() and not (REPO_ROOT / name).exists():
                     missing.add(f"{path.relative_to(REPO_ROOT)}: {name}")
     assert not missing, sorted(missing)
