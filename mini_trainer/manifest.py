@@ -27,16 +27,23 @@ KINDS = ("eval", "run", "data_summary")
 """The kinds of entry, each written by one `to_json` (or `build_manifest`) and read by `_entry`."""
 
 
+# Kept alike on purpose: typed fields with a docstring each (as report/inputs.py's Curve).
 @dataclass(frozen=True)
 class Entry:
     """One manifest entry as read (`load_manifest`), its path resolved."""
 
     kind: str
+    """One of `KINDS`."""
     path: Path
+    """The file or folder, relative paths resolved (`_resolve`)."""
     method: str | None = None
+    """The training method; None for the base model and for data summaries."""
     lr: float | None = None
+    """The learning rate; None where `method` is."""
     stage: int | None = None
+    """0 for the base model, i for the model after stage i; None for data summaries."""
     task: str | None = None
+    """The evaluated task (eval) or the summarised one (data_summary); None for a run."""
 
 
 @dataclass
