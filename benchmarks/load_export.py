@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # helpers.whole_model_importance, the reference
 
 
 # ---------------------------------------------------------------- the previous code, verbatim
@@ -93,40 +94,13 @@ def legacy_export(wrapped, config, out: Path, dtype, runtime):
 
 
 def legacy_measure(model_dir: str, data_path: str, seed: int) -> list[float]:
-    """Before: the whole fp32 model with from_pretrained, one forward per sample, hooks."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    """Before: the whole fp32 model with from_pretrained, one forward per sample, hooks (the
+    reference tests/test_osft_adaptive.py checks the streamed measure against)."""
+    from helpers import whole_model_importance
 
     from mini_trainer.osft.adaptive import sample_inputs
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    samples = sample_inputs(Path(data_path), seed)
-    layers = list(model.get_decoder().layers)
-    sums = torch.zeros(len(layers), dtype=torch.float64)
-    tokens = 0
-    hooks = []
-
-    def record(index):
-        def hook(module, args, kwargs, output):
-            hidden_in = args[0] if args else kwargs["hidden_states"]
-            hidden_out = output[0] if isinstance(output, tuple) else output
-            cosine = torch.nn.functional.cosine_similarity(
-                hidden_in.float(), hidden_out.float(), dim=-1
-            )
-            sums[index] += cosine.double().sum()
-
-        return hook
-
-    for index, layer in enumerate(layers):
-        hooks.append(layer.register_forward_hook(record(index), with_kwargs=True))
-    with torch.no_grad():
-        model.eval()
-        for ids in samples:
-            model(input_ids=torch.tensor([ids]), use_cache=False)
-            tokens += len(ids)
-    for hook in hooks:
-        hook.remove()
-    return (sums / max(tokens, 1)).tolist()
+    return whole_model_importance(model_dir, sample_inputs(Path(data_path), seed))
 
 
 # ---------------------------------------------------------------- one side, under torchrun
@@ -215,6 +189,7 @@ def worker(args) -> None:
 def adaptive_worker(args) -> None:
     """One side of the adaptive case, in a fresh process (transformers' model code imported
     before the measurement on both sides)."""
+    import helpers  # noqa: F401 (the reference's module, loaded on both sides alike)
     import torch
     import transformers.models.llama.modeling_llama  # noqa: F401
 

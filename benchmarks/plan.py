@@ -1,10 +1,11 @@
 """The plan's per-rank peak against the peak measured in real `mini_trainer.train` runs (CPU).
 
 Measured: the run's steps execute inside torch's MemTracker (`MINI_TRAINER_MEMORY_PROBE`, see
-mini_trainer/plan/probe.py): the peak of live tensor bytes on rank 0, parameters, gradients,
-optimizer states, activations and temporaries together, which is what the plan predicts with
---device cpu (fp32, no allocator overhead). Each configuration trains 3 steps; every row of
-the data has the same length, and a step gives each rank one packed row of exactly T tokens.
+mini_trainer/training/memory_probe.py): the peak of live tensor bytes on rank 0, parameters,
+gradients, optimizer states, activations and temporaries together, which is what the plan
+predicts with --device cpu (fp32, no allocator overhead). Each configuration trains 3 steps;
+every row of the data has the same length, and a step gives each rank one packed row of exactly
+T tokens.
 
     python benchmarks/plan.py [--configs NAME ...] [--out FILE.json]
 

@@ -1,9 +1,12 @@
-"""The report manifest: which file is which cell of the experiment (CONTRACTS.md, MANIFEST.json).
+"""The report manifest: which file is which cell of the experiment (its format: docs/evaluate.md,
+"mini-trainer report"). This module owns the format: it writes it and reads it.
 
 The pipeline knows every file's place (method, learning rate, stage, task) from its config;
 `mini-trainer manifest` writes that down so `mini-trainer report` never has to guess it from
 paths. Paths are written as given (relative to the pipeline's working folder). The manifest does
 not check that the files exist: a missing file is a missing cell in the report, never invented.
+Reading (`load_manifest`), a malformed manifest is the user's mistake and stops the report
+(`UserError`, one line per problem).
 """
 
 from __future__ import annotations
@@ -19,6 +22,36 @@ from mini_trainer.io_utils import atomic_write_text
 
 BASE_MARK = "-"
 """Method and learning rate of the base model's entries on the command line (JSON null)."""
+
+KINDS = ("eval", "run", "data_summary")
+"""The kinds of entry, each written by one `to_json` (or `build_manifest`) and read by `_entry`."""
+
+
+# Kept alike on purpose: typed fields with a docstring each (as report/inputs.py's Curve).
+@dataclass(frozen=True)
+class Entry:
+    """One manifest entry as read (`load_manifest`), its path resolved."""
+
+    kind: str
+    """One of `KINDS`."""
+    path: Path
+    """The file or folder, relative paths resolved (`_resolve`)."""
+    method: str | None = None
+    """The training method; None for the base model and for data summaries."""
+    lr: float | None = None
+    """The learning rate; None where `method` is."""
+    stage: int | None = None
+    """0 for the base model, i for the model after stage i; None for data summaries."""
+    task: str | None = None
+    """The evaluated task (eval) or the summarised one (data_summary); None for a run."""
+
+
+@dataclass
+class Manifest:
+    """A read manifest: the stage tasks in order and the entries."""
+
+    tasks: list[str]
+    entries: list[Entry]
 
 
 @dataclass(frozen=True)
@@ -132,3 +165,84 @@ def _refuse_duplicates(flag: str, keys: list[tuple]) -> None:
         if key in seen:
             raise UserError(f"{flag}: two entries for the same cell {key}")
         seen.add(key)
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def _resolve(raw: str, manifest_dir: Path) -> Path:
+    """Relative paths are taken from the working directory, else from the manifest's folder."""
+    path = Path(raw)
+    if path.is_absolute() or path.exists():
+        return path
+    beside = manifest_dir / path
+    return beside if beside.exists() else path
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Parse and check MANIFEST.json; `UserError` naming each bad field."""
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{path}: --manifest: no such file") from None
+    except (OSError, ValueError) as error:
+        raise UserError(f"{path}: not valid JSON ({error})") from None
+    problems = []
+    tasks = raw.get("tasks") if isinstance(raw, dict) else None
+    if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
+        problems.append(f"{path}: tasks: expected a non-empty list of task names")
+        tasks = []
+    elif len(set(tasks)) != len(tasks):
+        problems.append(f"{path}: tasks: names repeat")
+    items = raw.get("entries") if isinstance(raw, dict) else None
+    if not isinstance(items, list):
+        problems.append(f"{path}: entries: expected a list")
+        items = []
+    entries = []
+    for i, item in enumerate(items):
+        where = f"{path}: entries[{i}]"
+        entry, entry_problems = _entry(item, where, tasks, path.parent)
+        problems += entry_problems
+        if entry is not None:
+            entries.append(entry)
+    if problems:
+        raise UserError(*problems)
+    return Manifest(tasks=tasks, entries=entries)
+
+
+def _entry(item, where: str, tasks: list[str], manifest_dir: Path):
+    if not isinstance(item, dict):
+        return None, [f"{where}: expected an object"]
+    problems = []
+    kind = item.get("kind")
+    if kind not in KINDS:
+        problems.append(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+    if not isinstance(item.get("path"), str) or not item["path"]:
+        problems.append(f"{where}.path: expected a file or folder path")
+    method, lr, stage, task = (item.get(k) for k in ("method", "lr", "stage", "task"))
+    if method is not None and not isinstance(method, str):
+        problems.append(f"{where}.method: expected a name or null")
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))):
+        problems.append(f"{where}.lr: expected a number or null")
+    if kind in ("eval", "run"):
+        if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
+            problems.append(f"{where}.stage: expected an integer >= 0")
+        elif stage > len(tasks):
+            problems.append(f"{where}.stage: {stage} but there are only {len(tasks)} tasks")
+        elif stage == 0 and method is not None:
+            problems.append(f"{where}.method: stage 0 is the base model, its method is null")
+        elif stage > 0 and method is None:
+            problems.append(f"{where}.method: stage {stage} needs the method it was trained with")
+    if kind in ("eval", "data_summary") and task not in tasks:
+        problems.append(f"{where}.task: {task!r} is not one of the manifest's tasks")
+    if problems:
+        return None, problems
+    entry = Entry(
+        kind=kind,
+        path=_resolve(item["path"], manifest_dir),
+        method=method,
+        lr=float(lr) if lr is not None else None,
+        stage=stage,
+        task=task,
+    )
+    return entry, []

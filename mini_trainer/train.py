@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
+from mini_trainer.distributed.env import env_world
 from mini_trainer.distributed.launcher import (
     REPRODUCIBLE_MKL,
     import_torch_quietly,
@@ -113,9 +114,6 @@ def resolve_model_args(args: TrainingArgs) -> TrainingArgs:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one worker of the job; return its exit status (see distributed/launcher.py)."""
-    # deferred: torch (distributed/runtime.py); `launch` imports this module without it
-    from mini_trainer.distributed.runtime import env_world
-
     rank, local_rank, world_size = env_world()
     if "TORCHELASTIC_RUN_ID" in os.environ:  # launched by torchrun's agent: stop if it dies
         stop_with_parent()

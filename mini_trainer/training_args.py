@@ -59,7 +59,7 @@ def _arg(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> A
 
 @dataclass
 class TrainingArgs:
-    """Arguments of one training job; see DESIGN.md's training flags."""
+    """Arguments of one training job; see docs/training.md for the flags."""
 
     model_name_or_path: str = _arg(
         help="Model to fine-tune: a local Hugging Face folder, or a Hub id ORG/NAME."

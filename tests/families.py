@@ -93,6 +93,7 @@ FAMILIES = [
         ),
         "attention sinks, alternating sliding layers, biased experts with clamped SwiGLU, router",
     ),
+    # Kept alike on purpose: one entry per family, each its own config class and sizes.
     Family(
         "mixtral",
         lambda: tf.MixtralConfig(**SMALL, num_local_experts=4, **MOE),

@@ -1,6 +1,8 @@
-"""Helpers shared by the tests: child-process environment, CLI and training runners, flags,
-metrics, and killing a training job mid-run. Fixtures live in conftest.py; tests import these
-from here (`from helpers import ...`), never from conftest."""
+"""Helpers shared by the tests: child-process environment, CLI, Python and training runners,
+flags, metrics, killing a training job mid-run, the tiny random Llama the unit tests build, the
+whole-model layer-importance reference, and copies of the workflow for pipeline runs.
+Fixtures live in conftest.py; tests import these from here (`from helpers import ...`), never
+from conftest."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,10 +20,71 @@ import time
 from pathlib import Path
 
 import psutil
+import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORLD_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
 """What torchrun (or a world-of-one process group) sets: a new job picks its own."""
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
+"""What a copy of the pipeline needs (`make_workdir`)."""
+
+
+TINY_LLAMA = dict(
+    vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, use_cache=False,
+)  # fmt: skip
+"""The tiny Llama's sizes; a test passes others where it needs them."""
+
+
+def tiny_llama(attention: str | None = None, seed: int | None = 0, **config):
+    """A random `LlamaForCausalLM` of `TINY_LLAMA`'s sizes (`config` overrides them), after
+    `torch.manual_seed(seed)` (none when `seed` is None), with `attention` as its attention
+    implementation when given (a registered name too)."""
+    # deferred: torch, transformers (most tests that use these helpers need neither)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    llama_config = LlamaConfig(**{**TINY_LLAMA, **config})
+    if attention is not None:
+        llama_config._attn_implementation = attention
+    return LlamaForCausalLM(llama_config)
+
+
+def whole_model_importance(model_dir, samples: list[list[int]]) -> list[float]:
+    """Adaptive OSFT's layer importance the way it was measured before the streamed measure
+    (issue 19.6): the whole fp32 model, one sample at a time, forward hooks. The reference of
+    tests/test_osft_adaptive.py and of benchmarks/load_export.py's "legacy" side."""
+    # deferred: torch, transformers (most tests that use these helpers need neither)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    layers = list(model.get_decoder().layers)
+    sums = torch.zeros(len(layers), dtype=torch.float64)
+    hooks = []
+
+    def record(index):
+        def hook(module, args, kwargs, output):
+            hidden_in = args[0] if args else kwargs["hidden_states"]
+            hidden_out = output[0] if isinstance(output, tuple) else output
+            cosine = torch.nn.functional.cosine_similarity(
+                hidden_in.float(), hidden_out.float(), dim=-1
+            )
+            sums[index] += cosine.double().sum()
+
+        return hook
+
+    for index, layer in enumerate(layers):
+        hooks.append(layer.register_forward_hook(record(index), with_kwargs=True))
+    model.eval()
+    with torch.no_grad():
+        for ids in samples:
+            model(input_ids=torch.tensor([ids]), use_cache=False)
+    for hook in hooks:
+        hook.remove()
+    return (sums / sum(len(ids) for ids in samples)).tolist()
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:
@@ -35,6 +99,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env.setdefault("WANDB_MODE", "disabled")
     env.update(extra)
     return env
+
+
+def run_python(code: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -c code` in a fresh process of this checkout (what a light path imports shows
+    only there): output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
+        cwd=REPO_ROOT, timeout=timeout,
+    )  # fmt: skip
 
 
 def run_cli(
@@ -264,3 +337,24 @@ def kill_when_saved(argv: list[str], marker: Path, timeout: float = 300) -> None
             kill_tree(psutil.Process(process.pid))
         process.wait()
     assert not (marker.parent.parent / "final").exists(), "the run finished before it was killed"
+
+
+def make_workdir(path: Path, config: dict | None = None) -> Path:
+    """A copy of the workflow in `path`; `config` replaces config/config.yaml when given."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        source = REPO_ROOT / name
+        if source.is_dir():
+            shutil.copytree(source, path / name)
+        else:
+            shutil.copy2(source, path / name)
+    if config is not None:
+        write_config(path, config)
+    return path
+
+
+def write_config(workdir: Path, config: dict, name: str = "config/config.yaml") -> Path:
+    """Write `config` as YAML to `name` inside the workflow copy `workdir`."""
+    target = workdir / name
+    target.write_text(yaml.safe_dump(config, sort_keys=False))
+    return target

@@ -10,7 +10,8 @@ import itertools
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralForCausalLM
+from helpers import tiny_llama
+from transformers import MistralForCausalLM
 
 from mini_trainer.batching.collator import collate_packed
 from mini_trainer.training import attention
@@ -72,16 +73,6 @@ def test_attention_needs_are_read_off_each_family(family, needs):
 def test_this_torch_ships_the_varlen_kernel():
     # torch 2.13 (the pinned version) has it, so on a GPU without flash-attn it is chosen.
     assert attention.torch_varlen_available()
-
-
-def tiny_llama(name: str) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
-    )  # fmt: skip
-    config._attn_implementation = name
-    return LlamaForCausalLM(config)
 
 
 def cpu_paths() -> list[str]:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import helpers
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from mini_trainer.batching.collator import (
     IGNORE_INDEX,
@@ -139,20 +139,7 @@ VOCAB = 100
 
 
 def tiny_llama(attn_implementation: str) -> torch.nn.Module:
-    config = LlamaConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=128,
-        use_cache=False,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        config, attn_implementation=attn_implementation, dtype=torch.float32
-    )
+    model = helpers.tiny_llama(attn_implementation, vocab_size=VOCAB, max_position_embeddings=128)
     return model.eval()
 
 

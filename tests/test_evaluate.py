@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import REPO_ROOT, run_cli, subprocess_env
 
-from mini_trainer.evaluate.stats import chunked_eval_stats, sample_ids_of
+from mini_trainer.training.eval_stats import chunked_eval_stats, sample_ids_of
 
 IGNORE = -100
 

@@ -61,12 +61,7 @@ def test_packed_step_equals_transformers_eager_per_sample(name, tmp_path, world_
     save_hf_checkpoint(wrapped, model.config, str(tmp_path / "model"), tmp_path / "out",
                        "float32", world_of_one)  # fmt: skip
     assert _shapes(tmp_path / "out") == _shapes(tmp_path / "model")
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
-    ids = torch.tensor([batch[2]["input_ids"]])
-    with torch.no_grad():
-        want_logits = model(input_ids=ids, use_cache=False).logits
-        got_logits = reloaded.eval()(input_ids=ids, use_cache=False).logits
-    assert relative_error(got_logits, want_logits) <= RTOL
+    assert_reloads_to_the_same_logits(tmp_path / "out", model, batch[2]["input_ids"])
 
 
 @pytest.mark.slow
@@ -85,6 +80,16 @@ def test_every_family_is_exact_on_two_ranks(tmp_path):
     for name, (loss_error, worst) in errors.items():
         assert loss_error <= RTOL, (name, loss_error)
         assert worst[0][1] <= RTOL, (name, worst)
+
+
+def assert_reloads_to_the_same_logits(folder, model, input_ids: list[int]) -> None:
+    """transformers loads the exported `folder` to the logits `model` gives."""
+    reloaded = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager")
+    ids = torch.tensor([input_ids])
+    with torch.no_grad():
+        want_logits = model(input_ids=ids, use_cache=False).logits
+        got_logits = reloaded.eval()(input_ids=ids, use_cache=False).logits
+    assert relative_error(got_logits, want_logits) <= RTOL
 
 
 def _shapes(folder) -> dict[str, tuple]:
@@ -219,9 +224,4 @@ def test_gpt_oss_mxfp4_experts_are_dequantized_on_load_and_exported_dense(tmp_pa
                        world_of_one)  # fmt: skip
     assert _shapes(tmp_path / "out") == _shapes(tmp_path / "dense")
     assert "quantization_config" not in json.loads((tmp_path / "out" / "config.json").read_text())
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation="eager")
-    ids = torch.tensor([batch[2]["input_ids"]])
-    with torch.no_grad():
-        want_logits = model(input_ids=ids, use_cache=False).logits
-        got_logits = reloaded.eval()(input_ids=ids, use_cache=False).logits
-    assert relative_error(got_logits, want_logits) <= RTOL
+    assert_reloads_to_the_same_logits(tmp_path / "out", model, batch[2]["input_ids"])

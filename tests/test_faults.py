@@ -61,6 +61,17 @@ NO_STATE_ADVICE = (
 )
 
 
+def assert_one_line_without_a_state(demo_dir, out, flags: dict, writing: str) -> None:
+    """A run (in this process) that fills the disk writing `writing` before any state was saved
+    exits 2 with that one line and no traceback."""
+    result = train_in_process(*base_flags(demo_dir, out, **flags))
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
+    assert errors == [f"error: {out}: writing {writing} failed: No space left on device "
+                      f"({NO_STATE_ADVICE})"], result.stderr  # fmt: skip
+    assert "Traceback" not in result.stderr
+
+
 @pytest.mark.slow
 def test_a_full_disk_during_a_state_save_is_one_line_and_leaves_no_partial_folder(
     demo_dir, tmp_path
@@ -68,13 +79,8 @@ def test_a_full_disk_during_a_state_save_is_one_line_and_leaves_no_partial_folde
     with tmpfs(tmp_path / "small", "size=6m") as small:
         out = small / "run"
         flags = {"training-mode": "step", "max-steps": 2, "save-every-steps": 1}
-        result = train_in_process(*base_flags(demo_dir, out, **flags))
-        assert result.returncode == 2, result.stderr
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
         # No state was saved before: --resume would refuse the folder, so it is not the advice.
-        assert errors == [f"error: {out}: writing state/step_1 failed: No space left on device "
-                          f"({NO_STATE_ADVICE})"], result.stderr  # fmt: skip
-        assert "Traceback" not in result.stderr
+        assert_one_line_without_a_state(demo_dir, out, flags, "state/step_1")
         leftovers = [p.name for p in (out / "state").iterdir()] if (out / "state").exists() else []
         assert leftovers == []
 
@@ -113,12 +119,7 @@ def test_a_full_disk_writing_final_without_a_state_advises_what_the_next_command
     with tmpfs(tmp_path / "small", "size=2m") as small:
         out = small / "run"
         flags = {"training-mode": "step", "max-steps": 1, "save-final-checkpoint": True}
-        result = train_in_process(*base_flags(demo_dir, out, **flags))
-        assert result.returncode == 2, result.stderr
-        errors = [line for line in result.stderr.splitlines() if line.startswith("error")]
-        assert errors == [f"error: {out}: writing final failed: No space left on device "
-                          f"({NO_STATE_ADVICE})"], result.stderr  # fmt: skip
-        assert "Traceback" not in result.stderr
+        assert_one_line_without_a_state(demo_dir, out, flags, "final")
         assert not (out / "final").exists()
 
 

@@ -7,15 +7,16 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from helpers import subprocess_env
+from helpers import make_workdir, subprocess_env
 from hf_cache import build_hub_cache, model_files
-from test_pipeline import check, make_workdir, planned_jobs, rule_counts, snakemake_command
+from test_pipeline import check, planned_jobs, rule_counts, snakemake_command
 
 REPO_ID = "demo-org/tiny-llama"
 
 
 def hub_config(demo_dir, **overrides) -> dict:
     data = demo_dir / "data"
+    # Kept alike on purpose: a config of the shape of test_pipeline.demo_config, for a Hub id.
     config = {
         "model": REPO_ID,
         "tasks": {

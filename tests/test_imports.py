@@ -1,7 +1,12 @@
 """Imports run one way (issue 19 point 4), checked on the source with `ast` (no import runs).
 
+- Packages import one way: each package (and each top-level module) has a rank in
+  `PACKAGE_RANKS`, and imports only what ranks below it (docs/architecture.md draws the same
+  layers). `training/` imports nothing from `plan/`, `evaluate/`, `report/`, `pipeline/` or
+  `cli/`.
 - No import cycle among the package's modules, counting the imports inside functions: a
-  function-local import that only hides a cycle is a cycle.
+  function-local import that only hides a cycle is a cycle; nor among the imports made for type
+  hints only (`if TYPE_CHECKING:`).
 - `distributed/` (process groups, launch, locks, preemption, Slurm) is below the rest: it
   imports nothing from `training/`, `osft/`, `evaluate/` or `models/`; and the runtime that
   `models/`, `osft/` and `evaluate/` use comes from `distributed/`, never from `training/`.
@@ -16,11 +21,9 @@ from __future__ import annotations
 
 import ast
 import functools
-import subprocess
-import sys
 from pathlib import Path
 
-from helpers import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, run_python
 
 PACKAGE = REPO_ROOT / "mini_trainer"
 DEFERRED = "# deferred:"
@@ -41,12 +44,15 @@ def _type_checking_only(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def import_nodes(tree: ast.Module) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """(import statement, whether it runs inside a function), `if TYPE_CHECKING:` left out."""
+def import_nodes(
+    tree: ast.Module, type_checking: bool = False
+) -> list[tuple[ast.Import | ast.ImportFrom, bool]]:
+    """(import statement, whether it runs inside a function), `if TYPE_CHECKING:` left out
+    unless `type_checking`."""
     found: list[tuple[ast.Import | ast.ImportFrom, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
-        if _type_checking_only(node):
+        if _type_checking_only(node) and not type_checking:
             return
         if isinstance(node, ast.Import | ast.ImportFrom):
             found.append((node, in_function))
@@ -79,13 +85,14 @@ def parsed(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """Module -> the package modules it imports, at the top or inside functions."""
+def import_graph(package: Path = PACKAGE, type_checking: bool = False) -> dict[str, set[str]]:
+    """Module -> the package modules it imports, at the top or inside functions (and under
+    `if TYPE_CHECKING:` with `type_checking`)."""
     modules = module_files(package)
     graph = {}
     for name, path in modules.items():
         targets: set[str] = set()
-        for node, _ in import_nodes(parsed(path)):
+        for node, _ in import_nodes(parsed(path), type_checking):
             targets |= imported_modules(node, modules)
         graph[name] = targets - {name}
     return graph
@@ -141,6 +148,61 @@ def _import_block_line(line: str) -> bool:
 def test_no_import_cycle_among_the_package_modules():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_no_import_cycle_through_the_type_hints_either():
+    cycle = find_cycle(import_graph(type_checking=True))
+    assert cycle is None, "import cycle (with TYPE_CHECKING imports): " + " -> ".join(cycle)
+
+
+PACKAGE_RANKS = [
+    # the leaves: errors, labels, file writes, versions, logging, the validation options' rules
+    ("mini_trainer", "errors", "labels", "io_utils", "versions", "log_setup",
+     "validation_options"),
+    ("launch_args", "training_args"),  # the flags, checked before any process starts
+    ("distributed", "data", "batching"),  # processes; data files; packing into batches
+    ("models", "method", "manifest", "demo"),  # model files; the method protocol; the manifest
+    ("osft",),  # the OSFT method
+    ("training",),  # the training loop and what it owns (the evaluator core, the memory probe)
+    ("evaluate", "plan", "report", "pipeline"),  # the commands built on training, and the pipeline
+    ("train", "api_train"),  # the worker's entry and the Python API
+    ("cli",),
+    ("__main__",),
+]  # fmt: skip
+"""Package (or top-level module) -> layer, lowest first: a name imports only lower layers."""
+
+
+def rank_of(module: str) -> tuple[str, int]:
+    """(package or top-level module, its layer) of a dotted module name."""
+    name = module.split(".")[1] if "." in module else module
+    ranks = {name: rank for rank, names in enumerate(PACKAGE_RANKS) for name in names}
+    assert name in ranks, f"{module}: add {name!r} to PACKAGE_RANKS (tests/test_imports.py)"
+    return name, ranks[name]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> set[str]:
+    """`module -> target` for each import of a name of the same or a higher layer."""
+    wrong = set()
+    for module, targets in graph.items():
+        name, rank = rank_of(module)
+        for target in targets:
+            target_name, target_rank = rank_of(target)
+            if target_name != name and target_rank >= rank:
+                wrong.add(f"{module} -> {target}")
+    return wrong
+
+
+def test_packages_import_one_way_by_the_rank_table():
+    graph = import_graph(type_checking=True)
+    assert not upward_imports(graph), sorted(upward_imports(graph))
+    training = {
+        target
+        for module, targets in graph.items()
+        if module.startswith("mini_trainer.training.")
+        for target in targets
+    }
+    above = ("plan", "evaluate", "report", "pipeline", "cli")
+    assert not {t for t in training if t.startswith(tuple(f"mini_trainer.{p}" for p in above))}
 
 
 def test_distributed_holds_the_processes_and_imports_nothing_above_it():
@@ -252,6 +314,17 @@ def test_the_checks_find_what_they_look_for(tmp_path):
     )
     assert find_cycle(import_graph(package)) == ["pkg.a", "pkg.b", "pkg.a"]
     assert undeferred_imports(package) == ["pkg/b.py:2: from pkg.a import g  # hides a cycle"]
+    (package / "c.py").write_text(
+        "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from pkg.d import T\n"
+    )
+    (package / "d.py").write_text("from pkg.c import U\n")
+    assert import_graph(package)["pkg.c"] == set()  # a type-only import is left out, unless asked
+    typed = import_graph(package, type_checking=True)
+    assert find_cycle({m: typed[m] for m in ("pkg.c", "pkg.d")}) == ["pkg.c", "pkg.d", "pkg.c"]
+    assert upward_imports({"mini_trainer.training.loop": {"mini_trainer.plan.memory"}}) == {
+        "mini_trainer.training.loop -> mini_trainer.plan.memory"
+    }
+    assert not upward_imports({"mini_trainer.plan.memory": {"mini_trainer.training.loop"}})
 
 
 def test_light_commands_import_neither_torch_nor_transformers():
@@ -263,9 +336,6 @@ def test_light_commands_import_neither_torch_nor_transformers():
         "heavy = sorted({'torch', 'transformers', 'huggingface_hub'} & set(sys.modules))\n"
         "print(heavy)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-        cwd=REPO_ROOT, timeout=300,
-    )  # fmt: skip
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

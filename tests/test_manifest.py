@@ -1,4 +1,4 @@
-"""`mini-trainer manifest`: the report's manifest in the format of CONTRACTS.md."""
+"""`mini-trainer manifest`: the report's manifest in the format docs/evaluate.md shows."""
 
 from __future__ import annotations
 

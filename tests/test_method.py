@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
+import helpers
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from mini_trainer.method import FullFineTuning, decay_param_groups
 
 
-def tiny_llama(**overrides) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=1, **overrides,
+def tiny_llama(**overrides):
+    return helpers.tiny_llama(
+        seed=None, vocab_size=64, hidden_size=16, intermediate_size=32, num_attention_heads=2,
+        num_key_value_heads=1, **overrides,
     )  # fmt: skip
-    return LlamaForCausalLM(config)
 
 
 def names_of(model, group) -> set[str]:

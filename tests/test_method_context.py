@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import helpers
 import pytest
-import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mini_trainer.distributed.runtime import decided_on_main
@@ -24,13 +24,8 @@ from mini_trainer.osft.method import OSFT, RANKS_FILE
 from mini_trainer.training.method import make_method
 
 
-def tiny_llama(layers=3) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
-    )  # fmt: skip
-    return LlamaForCausalLM(config)
+def tiny_llama(layers=3):
+    return helpers.tiny_llama(vocab_size=64, intermediate_size=48, num_hidden_layers=layers)
 
 
 def adaptive_args(tmp_path: Path, **overrides) -> SimpleNamespace:

@@ -12,22 +12,16 @@ import json
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama
 
-from mini_trainer.evaluate.stats import EvalSums, chunked_eval_stats, sample_ids_of
+from mini_trainer.training.eval_stats import EvalSums, chunked_eval_stats, sample_ids_of
 from mini_trainer.training.loss import chunked_linear_cross_entropy
 from mini_trainer.training.model_setup import CausalLMWithLoss, ModelSpec
 from mini_trainer.training_args import TrainingArgs
 
 
 def tiny_model() -> CausalLMWithLoss:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
-    )  # fmt: skip
-    config._attn_implementation = "eager"
-    return CausalLMWithLoss(LlamaForCausalLM(config), chunked_linear_cross_entropy).eval()
+    return CausalLMWithLoss(tiny_llama("eager"), chunked_linear_cross_entropy).eval()
 
 
 def one_row(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,9 +91,10 @@ def test_evaluation_uses_the_training_builder_and_leaves_the_training_model_inta
     from mini_trainer.batching.collator import collate_packed
     from mini_trainer.distributed.runtime import init_runtime, shutdown
     from mini_trainer.evaluate import runner
-    from mini_trainer.evaluate.runner import evaluate_loaded, evaluate_model, load_eval_dataset
+    from mini_trainer.evaluate.runner import evaluate_model
     from mini_trainer.method import FullFineTuning
     from mini_trainer.training import model_setup
+    from mini_trainer.training.evaluator import evaluate_loaded, load_eval_dataset
 
     model_dir = demo_dir / "model"
     lines = (demo_dir / "data" / "sort_plus1.eval.jsonl").read_text().splitlines()[:6]

@@ -7,10 +7,11 @@ import copy
 import json
 from types import SimpleNamespace
 
+import helpers
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from mini_trainer.errors import UserError
 from mini_trainer.osft import svd
@@ -23,12 +24,9 @@ from mini_trainer.training_args import TrainingArgs
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def tiny_llama(layers=2, seed=0, **overrides) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=layers,
-                 num_attention_heads=4, num_key_value_heads=2, use_cache=False)  # fmt: skip
-    config = LlamaConfig(**{**sizes, **overrides})
-    return LlamaForCausalLM(config)
+def tiny_llama(layers=2, seed=0, **overrides):
+    sizes = dict(vocab_size=64, intermediate_size=48, num_hidden_layers=layers)
+    return helpers.tiny_llama(seed=seed, **{**sizes, **overrides})
 
 
 def osft_args(tmp_path, **overrides) -> SimpleNamespace:

@@ -1,5 +1,6 @@
 """Adaptive OSFT's importance measured layer by layer from the checkpoint equals the
-measurement on the whole model loaded at once (the computation before issue 19.6, kept here)."""
+measurement on the whole model loaded at once (the computation before issue 19.6, kept in
+helpers.py: `whole_model_importance`, which benchmarks/load_export.py also runs)."""
 
 from __future__ import annotations
 
@@ -7,38 +8,9 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama, whole_model_importance
 
 from mini_trainer.osft.adaptive import sample_inputs, streamed_importance
-
-
-@torch.no_grad()
-def whole_model_importance(model_dir, samples: list[list[int]]) -> list[float]:
-    """The previous measurement: the whole fp32 model, one sample at a time, forward hooks."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    layers = list(model.get_decoder().layers)
-    sums = torch.zeros(len(layers), dtype=torch.float64)
-    hooks = []
-
-    def record(index):
-        def hook(module, args, kwargs, output):
-            hidden_in = args[0] if args else kwargs["hidden_states"]
-            hidden_out = output[0] if isinstance(output, tuple) else output
-            cosine = torch.nn.functional.cosine_similarity(
-                hidden_in.float(), hidden_out.float(), dim=-1
-            )
-            sums[index] += cosine.double().sum()
-
-        return hook
-
-    for index, layer in enumerate(layers):
-        hooks.append(layer.register_forward_hook(record(index), with_kwargs=True))
-    model.eval()
-    for ids in samples:
-        model(input_ids=torch.tensor([ids]), use_cache=False)
-    for hook in hooks:
-        hook.remove()
-    return (sums / sum(len(ids) for ids in samples)).tolist()
 
 
 def test_streamed_importance_equals_the_whole_model_on_the_demo_model(demo_dir):
@@ -54,12 +26,10 @@ def test_streamed_importance_equals_the_whole_model_on_the_demo_model(demo_dir):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_streamed_importance_equals_the_whole_model_on_uneven_layers(tmp_path, tied):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
+    model = tiny_llama(
+        vocab_size=64, intermediate_size=48, num_hidden_layers=3, tie_word_embeddings=tied,
+        use_cache=True,
     )  # fmt: skip
-    model = LlamaForCausalLM(config)
     with torch.no_grad():  # layers that keep, mix and rewrite their input
         model.model.layers[0].mlp.down_proj.weight.mul_(1e-3)
         model.model.layers[2].mlp.down_proj.weight.mul_(20.0)

@@ -4,19 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from helpers import tiny_llama
 
 from mini_trainer.training.packed_attention import register, segment_bounds
-
-
-def tiny_llama(attention: str) -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, use_cache=False,
-    )  # fmt: skip
-    config._attn_implementation = attention
-    return LlamaForCausalLM(config)
 
 
 def test_segment_bounds():

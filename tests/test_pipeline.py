@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, make_workdir, subprocess_env, write_config
 
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 EXAMPLE_8GPU = "config/examples/llama-3.1-8b-8gpu.yaml"
 
 
@@ -28,26 +27,6 @@ def snakemake_command() -> list[str]:
     """The `snakemake` next to this interpreter (the venv's), else `python -m snakemake`."""
     beside = Path(sys.executable).parent / "snakemake"
     return [str(beside)] if beside.exists() else [sys.executable, "-m", "snakemake"]
-
-
-def make_workdir(path: Path, config: dict | None = None) -> Path:
-    """A copy of the workflow in `path`; `config` replaces config/config.yaml when given."""
-    path.mkdir(parents=True, exist_ok=True)
-    for name in WORKFLOW_FILES:
-        source = REPO_ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, path / name)
-        else:
-            shutil.copy2(source, path / name)
-    if config is not None:
-        write_config(path, config)
-    return path
-
-
-def write_config(workdir: Path, config: dict, name: str = "config/config.yaml") -> Path:
-    target = workdir / name
-    target.write_text(yaml.safe_dump(config, sort_keys=False))
-    return target
 
 
 def snakemake(workdir: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_pipeline import check, demo_config, make_workdir, snakemake
+from helpers import make_workdir
+from test_pipeline import check, demo_config, snakemake
 
 pytestmark = pytest.mark.slow  # snakemake, torchrun
 

@@ -6,10 +6,9 @@ import json
 import math
 import re
 import subprocess
-import sys
 
 import pytest
-from helpers import REPO_ROOT, run_cli, subprocess_env
+from helpers import REPO_ROOT, run_cli, run_python
 
 from mini_trainer.report.metrics import (
     average_accuracy,
@@ -267,10 +266,7 @@ def test_report_package_never_imports_torch(tmp_path):
         "assert 'torch' not in sys.modules, 'report imported torch'\n"
         "print('ok')\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-        cwd=REPO_ROOT, timeout=300,
-    )  # fmt: skip
+    result = run_python(code)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok" and (tmp_path / "out" / "report.html").exists()
 

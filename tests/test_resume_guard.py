@@ -18,9 +18,9 @@ from mini_trainer.training.fingerprint import (
     MAY_CHANGE_ON_RESUME,
     data_fingerprint,
     differences,
-    file_digest,
     model_fingerprint,
     options_fingerprint,
+    sampled_file_digest,
     validation_fingerprint,
 )
 from mini_trainer.training.resume import RESUMES_FILE, choose_state, damage, record_start
@@ -110,11 +110,11 @@ def test_data_fingerprint_tells_files_with_the_same_sample_count_apart(demo_dir,
     # A copy is the same data; one changed byte is not.
     copy = tmp_path / "copy.jsonl"
     shutil.copy(demo_dir / "data" / "sort.train.jsonl", copy)
-    assert file_digest(copy) == prints["sort"]["file"]
+    assert sampled_file_digest(copy) == prints["sort"]["file"]
     raw = bytearray(copy.read_bytes())
     raw[len(raw) // 2] = ord("7") if raw[len(raw) // 2] != ord("7") else ord("8")
     copy.write_bytes(bytes(raw))
-    assert file_digest(copy) != prints["sort"]["file"]
+    assert sampled_file_digest(copy) != prints["sort"]["file"]
 
 
 def test_large_files_are_sampled_and_still_see_size_and_sampled_changes(tmp_path, monkeypatch):
@@ -123,14 +123,14 @@ def test_large_files_are_sampled_and_still_see_size_and_sampled_changes(tmp_path
     monkeypatch.setattr(fp, "FULL_HASH_BYTES", 1 << 20)
     path = tmp_path / "big.bin"
     path.write_bytes(os.urandom(8 << 20))
-    before = file_digest(path)
+    before = sampled_file_digest(path)
     with open(path, "r+b") as handle:  # inside the first MiB, which is always hashed
         handle.seek(100)
         handle.write(b"changed")
-    assert file_digest(path) != before
+    assert sampled_file_digest(path) != before
     with open(path, "ab") as handle:
         handle.write(b"x")
-    assert file_digest(path) != before
+    assert sampled_file_digest(path) != before
 
 
 def test_model_fingerprint_covers_config_and_weights(demo_dir, tmp_path):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from mini_trainer.cli.options import (
     out_option,
     resolve_model_option,
 )
+from mini_trainer.distributed.env import env_world
 from mini_trainer.errors import UserError
 from mini_trainer.log_setup import setup_logging
 from mini_trainer.manifest import (
@@ -97,7 +97,7 @@ def evaluate(
     # deferred: torch, transformers
     from mini_trainer.evaluate.command import run_evaluate, summary_line
 
-    rank = int(os.environ.get("RANK", "0"))
+    rank, local_rank, _ = env_world()
     setup_logging(rank)
     try:
         if len(datas) != len(outs):
@@ -110,7 +110,7 @@ def evaluate(
             lm_eval_include, lm_eval_batch_size, lm_eval_limit, force,
         )  # fmt: skip
     except UserError as error:
-        if int(os.environ.get("LOCAL_RANK", "0")) != 0:  # every rank finds it; print it once
+        if local_rank != 0:  # every rank finds it; print it once
             sys.exit(error.exit_code)
         raise
     if rank == 0:
@@ -139,6 +139,7 @@ def evaluate(
     metavar="PATH METHOD LR STAGE TASK",
     help="An evaluation JSON and its cell; METHOD - LR - STAGE 0 for the base model (repeat).",
 )
+# Kept alike on purpose: click option blocks share one shape; each is its own flag.
 @click.option(
     "--run",
     "runs",

@@ -110,6 +110,7 @@ def launch(
     "--model-revision", default=None, metavar="REV",
     help="Hub id only: branch, tag or commit [default: main].",
 )  # fmt: skip
+# Kept alike on purpose: click option blocks share one shape; each is its own flag.
 @click.option(
     "--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes in the job."
 )

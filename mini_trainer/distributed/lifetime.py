@@ -25,6 +25,8 @@ import signal
 import sys
 import threading
 
+from mini_trainer.errors import error_chain
+
 PR_SET_PDEATHSIG = 1
 
 
@@ -156,13 +158,7 @@ def lost_peer(error: BaseException) -> str | None:
     A killed rank is no bug of the survivors: each would otherwise print the traceback of the
     collective it was in. Looks through the error's causes and DCP's per-rank failures.
     """
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [error]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
+    for current in error_chain(error):
         text = str(current).strip()
         if any(sign in text.lower() for sign in LOST_PEER_SIGNS):
             reason = text.splitlines()[0]
@@ -173,11 +169,4 @@ def lost_peer(error: BaseException) -> str | None:
                 f"lost contact with another process of this job ({reason}): a process or "
                 f"host died or the network failed; {RESUME_EVERYWHERE}"
             )
-        todo += [current.__cause__, current.__context__]
-        failures = getattr(current, "failures", None)  # CheckpointException: rank -> error
-        if isinstance(failures, dict):
-            for failure in failures.values():  # (exception, traceback) pairs
-                first = failure[0] if isinstance(failure, tuple) and failure else failure
-                if isinstance(first, BaseException):
-                    todo.append(first)
     return None

@@ -16,6 +16,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from mini_trainer.distributed.env import env_world
 from mini_trainer.errors import UserError
 
 T = TypeVar("T")
@@ -41,14 +42,6 @@ class Runtime:
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
-
-
-def env_world() -> tuple[int, int, int]:
-    """(rank, local_rank, world_size) from torchrun's variables; a lone process is rank 0 of 1."""
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    return rank, local_rank, world_size
 
 
 def _free_port() -> int:

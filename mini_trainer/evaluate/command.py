@@ -9,13 +9,13 @@ Several `--data D --out F.json` pairs share one process and one model load.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import torch.distributed as dist
 
 from mini_trainer.data.outputs import check_outputs
+from mini_trainer.distributed.env import env_world
 from mini_trainer.distributed.runtime import decided_on_main, init_runtime, shutdown
 from mini_trainer.errors import UserError
 from mini_trainer.evaluate.lm_eval_tasks import parse_task_list, run_lm_eval, task_manager
@@ -46,7 +46,7 @@ def run_evaluate(
     if lm_eval_include is not None and not tasks:
         raise UserError("--lm-eval-include: needs --lm-eval-tasks")
     manager = None
-    if tasks and int(os.environ.get("RANK", "0")) == 0:  # only rank 0 runs the harness
+    if tasks and env_world()[0] == 0:  # only rank 0 runs the harness
         manager = task_manager(tasks, lm_eval_include)  # bad tasks fail now, not after the eval
 
     runtime = init_runtime()

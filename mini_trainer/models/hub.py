@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from mini_trainer.distributed.env import env_world
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_write_text
 
@@ -336,7 +337,7 @@ def resolve_once_per_node(
     if Path(str(name)).is_dir() or int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
         return resolve_model(name, revision, weights, flag)
     answer = _answer_path(str(name), revision, weights)
-    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+    if env_world()[1] == 0:
         reply: dict = {"error": [f"{name}: local rank 0 could not resolve the model"]}
         try:
             resolved = resolve_model(name, revision, weights, flag)

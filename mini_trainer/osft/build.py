@@ -21,12 +21,14 @@ from safetensors.torch import save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from mini_trainer.data.outputs import check_writable
+from mini_trainer.distributed.env import env_world
 from mini_trainer.distributed.runtime import broadcast_object, init_runtime
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import publish_dir, temp_sibling
 from mini_trainer.osft import cache, svd
 from mini_trainer.osft.experts import expert_weights
 from mini_trainer.osft.targets import candidate_linears, layer_index, select_targets
+from mini_trainer.versions import package_versions
 
 log = logging.getLogger("mini_trainer")
 PART_BYTES = 1024**3
@@ -60,7 +62,7 @@ def build_cache(model_dir: Path, out: Path, patterns: list[str] | None, force: b
     check_writable(out.parent, "--out")
     targets = model_targets(model_dir, patterns)
     cache.check_target_weights(model_dir, targets)  # headers only, before any work
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    distributed = env_world()[2] > 1
     runtime = init_runtime() if distributed else None
     rank, world = (runtime.rank, runtime.world_size) if runtime else (0, 1)
     tmp = None
@@ -143,6 +145,6 @@ def _meta(model_dir: Path, patterns, targets: dict, gathered: list[dict]) -> dic
             for name, shape in targets.items()
         },
         "files": dict(sorted(files.items())),
-        "versions": cache.versions(),
+        "versions": package_versions(cache.CACHE_PACKAGES),
         "created": time.time(),
     }

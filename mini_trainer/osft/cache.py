@@ -20,12 +20,9 @@ import hashlib
 import json
 from pathlib import Path
 
-import safetensors
 import torch
-import transformers
 from torch import Tensor
 
-from mini_trainer import __version__
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import file_sha256
 from mini_trainer.models.layouts import read_model_tensors
@@ -101,13 +98,8 @@ def source_hash(model_dir: Path, weight_names: list[str]) -> str:
     return combined_hash(digests)
 
 
-def versions() -> dict[str, str]:
-    return {
-        "mini_trainer": __version__,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "safetensors": safetensors.__version__,
-    }
+CACHE_PACKAGES = ("mini-trainer", "torch", "transformers", "safetensors")
+"""The libraries whose versions a cache's meta.json records (`versions.package_versions`)."""
 
 
 # ---------------------------------------------------------------------------- reading

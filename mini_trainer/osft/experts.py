@@ -18,7 +18,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mini_trainer.osft.svd import TRAINABLE_FACTORS, basis_name, compose, part_shapes
+from mini_trainer.osft.svd import (
+    TRAINABLE_FACTORS,
+    basis_name,
+    compose,
+    part_shapes,
+    projection_pairs,
+)
 
 
 class OSFTExpertWeight(nn.Module):
@@ -49,12 +55,7 @@ class OSFTExpertWeight(nn.Module):
 
     def projection_pairs(self, gradients: bool) -> list[tuple[Tensor, Tensor, bool]]:
         """As `OSFTLinear.projection_pairs`; the pairs are 3-D (one matrix per expert)."""
-        pairs = []
-        for low, basis in ((self.U_low, self.u_basis), (self.V_low, self.v_basis)):
-            tensor = low.grad if gradients else low
-            if tensor is not None:
-                pairs.append((tensor, getattr(self, basis), basis.endswith("_low_init")))
-        return pairs
+        return projection_pairs(self, gradients)
 
     def extra_repr(self) -> str:
         return (

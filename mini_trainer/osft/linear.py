@@ -17,7 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mini_trainer.osft.svd import TRAINABLE_FACTORS, basis_name, compose, part_shapes
+from mini_trainer.osft.svd import (
+    TRAINABLE_FACTORS,
+    basis_name,
+    compose,
+    part_shapes,
+    projection_pairs,
+)
 
 
 class _FactorizedLinear(torch.autograd.Function):
@@ -83,12 +89,7 @@ class OSFTLinear(nn.Module):
 
         A `*_high` basis is projected off (x - B Bᵀ x), a `*_low_init` one onto (B Bᵀ x).
         """
-        pairs = []
-        for low, basis in ((self.U_low, self.u_basis), (self.V_low, self.v_basis)):
-            tensor = low.grad if gradients else low
-            if tensor is not None:
-                pairs.append((tensor, getattr(self, basis), basis.endswith("_low_init")))
-        return pairs
+        return projection_pairs(self, gradients)
 
     def extra_repr(self) -> str:
         return (

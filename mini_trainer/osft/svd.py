@@ -63,6 +63,18 @@ def basis_name(side: str, dim: int, rank: int, k: int) -> str:
     return f"{side}_low_init" if dim == rank and rank - k < k else f"{side}_high"
 
 
+def projection_pairs(module, gradients: bool) -> list[tuple[Tensor, Tensor, bool]]:
+    """(`U_low` or its gradient, its side's basis buffer, whether to project onto the basis),
+    then the same for `V_low`, of an `OSFTLinear` or an expert weight (2-D or 3-D alike): what
+    `projection.py` projects. A side without a gradient is left out."""
+    pairs = []
+    for low, basis in ((module.U_low, module.u_basis), (module.V_low, module.v_basis)):
+        tensor = low.grad if gradients else low
+        if tensor is not None:
+            pairs.append((tensor, getattr(module, basis), basis.endswith("_low_init")))
+    return pairs
+
+
 def part_shapes(rows: int, cols: int, k: int) -> dict[str, tuple[int, ...]]:
     """Name -> shape of the six parameters of a target with k of its r triplets frozen."""
     rank = min(rows, cols)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from mini_trainer.manifest import BASE_MARK
 from mini_trainer.pipeline.hub import model_flags, model_input
 from mini_trainer.pipeline.layout import (
     Config,
@@ -182,11 +183,11 @@ def manifest_inputs(config: Config) -> dict[str, list[str]]:
 
 
 def manifest_flags(config: Config) -> str:
-    """The manifest's entries as `mini-trainer manifest` flags (see CONTRACTS: MANIFEST.json)."""
+    """The manifest's entries as `mini-trainer manifest` flags (`manifest.py` owns the format)."""
     parts = [f"--task {shlex.quote(task)}" for task in config["stages"]]
     for source in eval_sources(config):
         parsed = parse_source(source)
-        method, lr, stage = parsed if parsed else ("-", "-", 0)
+        method, lr, stage = parsed if parsed else (BASE_MARK, BASE_MARK, 0)
         for task in config["stages"]:
             path = eval_json(evaluated_source(config, source), task)
             fields = [path, method, lr, str(stage), task]

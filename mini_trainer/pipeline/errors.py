@@ -1,8 +1,14 @@
-"""The pipeline's errors: Snakemake prints them as one message, without a traceback."""
+"""The pipeline's errors (Snakemake prints them as one message, without a traceback) and the
+`Config` type they describe; the bottom of `pipeline/`, so every module can name both."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from snakemake.exceptions import WorkflowError
+
+Config = dict[str, Any]
+"""The schema-validated Snakemake config (`workflow/schemas/config.schema.yaml`)."""
 
 
 class PipelineError(WorkflowError):

@@ -12,14 +12,10 @@ from __future__ import annotations
 import functools
 import os
 import shlex
-from typing import TYPE_CHECKING
 
 from mini_trainer.errors import UserError
 from mini_trainer.models.hub import lookup_commit
-from mini_trainer.pipeline.errors import ConfigError
-
-if TYPE_CHECKING:
-    from mini_trainer.pipeline.layout import Config
+from mini_trainer.pipeline.errors import Config, ConfigError
 
 MODEL_RECORD = "results/model/base.json"
 """The resolve_model rule's output: snapshot folder, Hub id, revision and commit."""

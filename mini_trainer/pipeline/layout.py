@@ -24,10 +24,8 @@ import os
 from typing import Any
 
 from mini_trainer.pipeline import data
-from mini_trainer.pipeline.errors import PipelineError
+from mini_trainer.pipeline.errors import Config, PipelineError
 from mini_trainer.pipeline.hub import model_revision
-
-Config = dict[str, Any]
 
 DEMO_DIR = "resources/demo"
 # The tasks `mini-trainer demo-assets` builds (mini_trainer/demo/tasks.py; a test keeps them equal;

@@ -11,5 +11,6 @@ says so line by line. See docs/plan.md.
 
 Modules: `inputs` (flags, cluster, model folder), `model` (meta model and its counts),
 `activations` (the trace), `memory` (phases, peak, largest T), `host` (per node), `render`
-(table and JSON), `probe` (the measured side, for benchmarks/plan.py).
+(table and JSON). The measured side (for benchmarks/plan.py) is a training-loop instrument,
+`training/memory_probe.py`.
 """

@@ -17,15 +17,13 @@ from pathlib import Path
 from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import publish_file
+from mini_trainer.manifest import Entry, Manifest, load_manifest
 from mini_trainer.report import html as h
 from mini_trainer.report import metrics
 from mini_trainer.report.inputs import (
     Curve,
-    Entry,
     EvalResult,
-    Manifest,
     RunData,
-    load_manifest,
     lr_label,
     read_eval,
     read_json_file,

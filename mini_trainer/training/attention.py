@@ -167,6 +167,8 @@ def attention_kwargs(name: str, micro) -> dict:
     }
 
 
+# Kept alike on purpose: the attention-function signature transformers calls (as
+# packed_attention.packed_sdpa_attention's); each registered kernel spells it out.
 def varlen_attention(
     module: torch.nn.Module,
     query: torch.Tensor,

@@ -9,15 +9,15 @@ What the fingerprint covers:
 - every `TrainingArgs` option except `MAY_CHANGE_ON_RESUME` (where and how often to save, what
   to log, kernels and memory settings that do not change the result, and paths whose content is
   fingerprinted instead);
-- the data file: its size and content hash (see `file_digest`) plus a hash of its index (byte
-  offsets, lengths, loss tokens of every sample);
-- the base model: `config.json` whole, every weights file by `file_digest`, and for a Hub
+- the data file: its size and content hash (see `sampled_file_digest`) plus a hash of its index
+  (byte offsets, lengths, loss tokens of every sample);
+- the base model: `config.json` whole, every weights file by `sampled_file_digest`, and for a Hub
   id the repository and commit it resolved to (a `main` that moved is refused by name);
-- the validation file, if any: by `file_digest` too (its path is kept for the messages only),
-  so a moved identical file resumes and an edited one is refused, naming it.
+- the validation file, if any: by `sampled_file_digest` too (its path is kept for the messages
+  only), so a moved identical file resumes and an edited one is refused, naming it.
 
-`file_digest` hashes files up to `FULL_HASH_BYTES` whole; larger files by their size, their
-first and last MiB and `SAMPLED_BLOCKS` blocks spread evenly over the file. An edit of a large
+`sampled_file_digest` hashes files up to `FULL_HASH_BYTES` whole; larger files by their size,
+their first and last MiB and `SAMPLED_BLOCKS` blocks spread evenly over the file. An edit of a large
 file that keeps its size and touches none of the sampled bytes is not detected (for data, the
 index hash still catches any change of a sample's length, loss tokens or line).
 Modification times are not compared: a copy or an identical regeneration is the same input.
@@ -69,7 +69,7 @@ MAY_CHANGE_ON_RESUME = (
 """Options that may differ between a state and the run that resumes it (docs/training.md)."""
 
 
-def file_digest(path: str | os.PathLike) -> str:
+def sampled_file_digest(path: str | os.PathLike) -> str:
     """A blake2b digest of `path`: whole up to FULL_HASH_BYTES, sampled beyond (see module)."""
     path = Path(path)
     size = path.stat().st_size
@@ -99,7 +99,7 @@ def data_fingerprint(data_path: str | os.PathLike, dataset) -> dict:
         index.update(np.ascontiguousarray(column, dtype=np.int64).tobytes())
     return {
         "samples": len(dataset),
-        "file": file_digest(data_path),
+        "file": sampled_file_digest(data_path),
         "index": index.hexdigest(),
     }
 
@@ -110,12 +110,12 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 def model_fingerprint(model_path: str | os.PathLike) -> dict:
     """`config.json` and every weights file of the model folder, by name and digest."""
     folder = Path(model_path)
-    files = {"config.json": file_digest(folder / "config.json")}
+    files = {"config.json": sampled_file_digest(folder / "config.json")}
     if source := hub_source(folder):
         files["hub"] = source
     for path in sorted(folder.iterdir()):
         if path.is_file() and path.name.endswith(WEIGHT_SUFFIXES):
-            files[path.name] = file_digest(path)
+            files[path.name] = sampled_file_digest(path)
     return files
 
 
@@ -123,7 +123,7 @@ def validation_fingerprint(path: str | os.PathLike | None) -> dict | None:
     """The validation file's content digest (and its path, for messages); None without one."""
     if path is None:
         return None
-    return {"file": file_digest(path), "path": str(path)}
+    return {"file": sampled_file_digest(path), "path": str(path)}
 
 
 def run_fingerprint(args, dataset, world_size: int | None = None) -> dict:

@@ -25,7 +25,6 @@ from mini_trainer.distributed.runtime import Runtime, all_reduce_max, all_reduce
 from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext, write_description
 from mini_trainer.models.moe import RouterStats, routing, step_fields
-from mini_trainer.plan.probe import memory_probe
 from mini_trainer.training import checkpoint, divergence, resume
 from mini_trainer.training.attention import attention_kwargs
 from mini_trainer.training.checkpoint_policy import checkpoints_due
@@ -34,6 +33,7 @@ from mini_trainer.training.divergence import check_step
 from mini_trainer.training.fingerprint import run_fingerprint
 from mini_trainer.training.flops import ModelFlops
 from mini_trainer.training.loss import make_loss_fn
+from mini_trainer.training.memory_probe import memory_probe
 from mini_trainer.training.method import make_method
 from mini_trainer.training.metrics import MetricsLogger, peak_memory_gb, truncate_metrics
 from mini_trainer.training.model_setup import ModelSpec, build_model

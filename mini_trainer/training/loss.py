@@ -42,6 +42,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     N x V logits, which for LM vocabularies is the far larger tensor.
     """
 
+    # Kept alike on purpose: the head-loss keywords, as in every loss below.
     @staticmethod
     def forward(
         ctx,
@@ -151,6 +152,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None, grad_bias, None, None, None
 
 
+# Kept alike on purpose: the head-loss keywords (bias, logit_scale, softcap, rows) that
+# CausalLMWithLoss passes to every loss; each implementation spells them out.
 def chunked_linear_cross_entropy(
     hidden: Tensor,
     weight: Tensor,
@@ -203,6 +206,8 @@ def chunked_linear_cross_entropy(
     )  # fmt: skip
 
 
+# Kept alike on purpose: the head-loss keywords (bias, logit_scale, softcap, rows) that
+# CausalLMWithLoss passes to every loss; each implementation spells them out.
 def linear_cross_entropy_reference(
     hidden: Tensor,
     weight: Tensor,
@@ -274,6 +279,8 @@ def make_loss_fn(use_liger: bool, device_type: str) -> LossFn:
             ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap
         )
 
+    # Kept alike on purpose: the head-loss keywords (bias, logit_scale, softcap, rows) that
+    # CausalLMWithLoss passes to every loss; each implementation spells them out.
     def liger_fn(
         hidden: Tensor,
         weight: Tensor,

@@ -18,30 +18,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from mini_trainer.distributed.runtime import Runtime, decided_on_main
-from mini_trainer.errors import UserError
+from mini_trainer.errors import UserError, error_chain
 from mini_trainer.training.checkpoint import remove_stale_temp_dirs
 from mini_trainer.training.run_folder import state_dirs
 
 
 def find_os_error(error: BaseException) -> OSError | None:
     """The OSError behind `error` (itself, its cause or context, or a DCP rank failure)."""
-    seen: set[int] = set()
-    todo = [error]
-    while todo:
-        current = todo.pop()
-        if current is None or id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, OSError):
-            return current
-        todo += [current.__cause__, current.__context__]
-        failures = getattr(current, "failures", None)  # CheckpointException: rank -> error
-        if isinstance(failures, dict):
-            for failure in failures.values():  # (exception, traceback) pairs
-                first = failure[0] if isinstance(failure, tuple) and failure else failure
-                if isinstance(first, BaseException):
-                    todo.append(first)
-    return None
+    return next((e for e in error_chain(error) if isinstance(e, OSError)), None)
 
 
 PROBE_BYTES = 1 << 20

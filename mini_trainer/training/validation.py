@@ -5,7 +5,7 @@
 - `BestTracker`: the best value and step so far and the patience counter; pure, and its
   `state_dict` is saved with the trainer state, so a resumed run decides as an uninterrupted one.
 - `Validator`: what the loop calls after each step. It scores the training model itself with
-  `evaluate/runner.py`'s `evaluate_loaded`, the evaluator of `mini-trainer evaluate` (samples
+  `training/evaluator.py`'s `evaluate_loaded`, the evaluator of `mini-trainer evaluate` (samples
   split over the ranks by tokens, sums reduced once), so `val_loss` at step K is what
   `mini-trainer evaluate` says of the checkpoint exported at step K.
 
@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from mini_trainer.training.evaluator import evaluate_loaded, load_eval_dataset
 from mini_trainer.validation_options import VAL_METRICS
 
 log = logging.getLogger("mini_trainer")
@@ -112,9 +113,6 @@ class Validator:
     """
 
     def __init__(self, args, runtime):
-        # deferred: torch (evaluate/); training_args imports this module for its rules
-        from mini_trainer.evaluate.runner import load_eval_dataset
-
         self.args = args
         self.runtime = runtime
         self.max_tokens = args.validation_max_tokens_per_gpu or args.max_tokens_per_gpu
@@ -171,9 +169,6 @@ class Validator:
 
     def evaluate(self, model, pad_id: int) -> dict:
         """`evaluate_loaded` on the training model; its mode put back."""
-        # deferred: torch (as in __init__)
-        from mini_trainer.evaluate.runner import evaluate_loaded
-
         was_training = model.training
         model.eval()
         try:

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 STEPS = 12
 
@@ -29,6 +31,16 @@ def metrics(out: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+
+
+def assert_finished_as_the_reference(out: Path, reference: Path) -> None:
+    """Every step logged once, and final/ bit-identical to the uninterrupted reference run's."""
+    assert [m["step"] for m in metrics(out)] == list(range(1, STEPS + 1))
+    got = load_file(out / "final" / "model.safetensors")
+    want = load_file(reference / "final" / "model.safetensors")
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
 
 
 @pytest.fixture(scope="session")

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
-from helpers import REPO_ROOT, subprocess_env
+from helpers import REPO_ROOT, make_workdir, subprocess_env
 
 from slurm.common import snakemake_slurm
 
@@ -28,7 +26,6 @@ pytestmark = [
     ),
 ]
 
-WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 
 # Two stages (stage 2 starts from stage 1's checkpoint, also across Slurm jobs), one method.
 CONFIG = {
@@ -53,15 +50,7 @@ CONFIG = {
 
 def workdir(path: Path) -> Path:
     """A copy of the workflow with CONFIG as config/config.yaml."""
-    path.mkdir(parents=True)
-    for name in WORKFLOW_FILES:
-        source = REPO_ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, path / name)
-        else:
-            shutil.copy2(source, path / name)
-    (path / "config" / "config.yaml").write_text(yaml.safe_dump(CONFIG, sort_keys=False))
-    return path
+    return make_workdir(path, CONFIG)
 
 
 def run(command: list[str], cwd: Path, env: dict[str, str], timeout: int) -> str:

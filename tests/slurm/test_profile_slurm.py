@@ -10,12 +10,17 @@ import subprocess
 import time
 
 import pytest
-import torch
 import yaml
 from helpers import REPO_ROOT, subprocess_env
-from safetensors.torch import load_file
 
-from slurm.common import PROFILE, STEPS, metrics, snakemake_slurm, train_flags
+from slurm.common import (
+    PROFILE,
+    STEPS,
+    assert_finished_as_the_reference,
+    metrics,
+    snakemake_slurm,
+    train_flags,
+)
 
 WORKFLOW = REPO_ROOT / "tests" / "slurm" / "workflow" / "Snakefile"
 
@@ -84,9 +89,4 @@ def test_preempted_training_job_is_retried_and_resumes(
     log = (tmp_path / "run.log").read_text()  # Snakemake removed the first attempt's log
     stopped_at = int(log.split("resumed from ")[1].split("(step ")[1].split(")")[0])
     assert 3 <= stopped_at < STEPS
-    assert [m["step"] for m in metrics(out)] == list(range(1, STEPS + 1))
-    got = load_file(out / "final" / "model.safetensors")
-    want = load_file(slurm_reference_run / "final" / "model.safetensors")
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
+    assert_finished_as_the_reference(out, slurm_reference_run)

@@ -12,12 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import subprocess_env
-from safetensors.torch import load_file
 
 from mini_trainer.distributed.slurm import first_host
-from slurm.common import STEPS, metrics, train_flags
+from slurm.common import STEPS, assert_finished_as_the_reference, metrics, train_flags
 
 pytestmark = pytest.mark.slow
 
@@ -133,9 +131,4 @@ def test_sigterm_saves_state_and_resubmission_resumes(
     text = second_log.read_text(errors="replace")
     assert (state, code) == ("COMPLETED", "0:0"), text[-3000:]
     assert f"resumed from {out / 'state' / f'step_{stopped_at}'}" in text
-    assert [m["step"] for m in metrics(out)] == list(range(1, STEPS + 1))
-    got = load_file(out / "final" / "model.safetensors")
-    want = load_file(slurm_reference_run / "final" / "model.safetensors")
-    assert got.keys() == want.keys()
-    for name in want:
-        assert torch.equal(got[name], want[name]), name
+    assert_finished_as_the_reference(out, slurm_reference_run)
