@@ -5,8 +5,17 @@ names load lazily so that `import mini_trainer` stays cheap.
 """
 
 import importlib
+import logging
 
 __version__ = "0.1.0"
+
+QUIET_LIBRARY_LOGGERS = ("torchao", "torch.utils._pytree")
+"""torchao (installed for `--optimizer adamw-8bit`) is imported by transformers whenever a model
+is built; on a machine without CUDA its import warns that its CUDA kernels do not load, and
+torch warns about its pytree registrations. Neither says anything about the run: only their
+errors are shown, so a command's output is its own lines."""
+for _name in QUIET_LIBRARY_LOGGERS:
+    logging.getLogger(_name).setLevel(logging.ERROR)
 
 __all__ = ["TorchrunArgs", "TrainingArgs", "TrainingFailed", "run_training", "__version__"]
 

@@ -6,10 +6,19 @@ Helpers (CLI and training runners, flags, metrics) are in tests/helpers.py.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-import pytest
-from helpers import base_flags, run_cli, run_launcher
+from mini_trainer.distributed.launcher import REPRODUCIBLE_MKL
+
+# MKL reads MKL_CBWR once, when torch loads it. The launcher sets it for its workers, and an
+# in-process launcher (run_cli) would set it in this process too, after this process's MKL
+# started: children started later would then compute otherwise than this process's in-process
+# jobs. Set before any test imports torch, every job of the suite computes alike.
+os.environ.setdefault(*REPRODUCIBLE_MKL)
+
+import pytest  # noqa: E402
+from helpers import base_flags, run_cli, run_launcher  # noqa: E402
 
 
 @pytest.fixture(scope="session")
