@@ -156,9 +156,10 @@ def test_no_import_cycle_through_the_type_hints_either():
 
 
 PACKAGE_RANKS = [
-    # the leaves: errors, labels, file writes, versions, logging, the validation options' rules
+    # the leaves: errors, labels, file writes, versions, logging, the validation and optimizer
+    # options' rules
     ("mini_trainer", "errors", "labels", "io_utils", "versions", "log_setup",
-     "validation_options"),
+     "validation_options", "optimizer_options"),
     ("launch_args", "training_args"),  # the flags, checked before any process starts
     ("distributed", "data", "batching"),  # processes; data files; packing into batches
     ("models", "method", "manifest", "demo"),  # model files; the method protocol; the manifest

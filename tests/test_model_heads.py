@@ -20,26 +20,19 @@ SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidd
 def _config(kind: str):
     import transformers as tf
 
-    if kind == "llama":
-        return tf.LlamaConfig(**SMALL, tie_word_embeddings=False)
     if kind == "llama_tied":
         return tf.LlamaConfig(**SMALL, tie_word_embeddings=True)
-    if kind == "gemma2_softcap":
-        return tf.Gemma2Config(**SMALL, head_dim=8, final_logit_softcapping=2.0,
-                               attn_logit_softcapping=None)  # fmt: skip
     if kind == "gemma3_softcap":
         return tf.Gemma3TextConfig(**SMALL, head_dim=8, final_logit_softcapping=2.0)
     if kind == "cohere_scale":
         return tf.CohereConfig(**SMALL, logit_scale=0.3)
-    if kind == "granite_scale":
-        return tf.GraniteConfig(**SMALL, logits_scaling=4.0)
     if kind == "phi_bias":
         return tf.PhiConfig(**SMALL)
     raise AssertionError(kind)
 
 
-KINDS = ["llama", "llama_tied", "gemma2_softcap", "gemma3_softcap", "cohere_scale",
-         "granite_scale", "phi_bias"]  # fmt: skip
+KINDS = ["llama_tied", "gemma3_softcap", "cohere_scale", "phi_bias"]
+"""Llama, Gemma 2's soft-cap and Granite's scale: tests/test_families.py, in packed rows."""
 
 
 @pytest.mark.parametrize("kind", KINDS)

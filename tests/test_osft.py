@@ -205,11 +205,11 @@ def test_frozen_subspace_is_held_after_50_adamw_steps_and_export_gives_the_same_
 
 @pytest.mark.parametrize(
     "family, targets",
-    [("phi3", 8), ("gemma2", 14), ("gpt_oss", 12), ("mixtral", 12), ("deepseek_v3", 18)],
+    [("gpt_oss", 12), ("mixtral", 12), ("deepseek_v3", 18)],
 )
 def test_osft_on_other_families_holds_the_frozen_subspace(family, targets, tmp_path):
-    """Fused qkv/gate_up (Phi-3), soft-capped attention (Gemma 2), sinks and biased experts
-    (gpt-oss), routed experts (Mixtral), MLA and a shared expert (DeepSeek-V3): the default
+    """Sinks and biased experts (gpt-oss), routed experts (Mixtral), MLA and a shared expert
+    (DeepSeek-V3; the dense families' linear targets are the demo Llama's): the default
     targets (every routed expert's matrix among them), 4 AdamW steps, no update in any
     frozen subspace (each expert's its own), export gives the same logits."""
     from families import build_model
@@ -223,8 +223,7 @@ def test_osft_on_other_families_holds_the_frozen_subspace(family, targets, tmp_p
     after = method.export_weights(model.state_dict())
     assert (
         sum(t.experts > 0 for t in method.targets.values())
-        == targets
-        - {"phi3": 8, "gemma2": 14, "gpt_oss": 8, "mixtral": 8, "deepseek_v3": 16}[family]
+        == targets - {"gpt_oss": 8, "mixtral": 8, "deepseek_v3": 16}[family]
     )
     for name, target in method.targets.items():
         key = name if target.experts else f"{name}.weight"

@@ -205,7 +205,7 @@ def test_osft_svd_split_over_two_ranks_equals_one_process(demo_dir, tmp_path, sv
 
 def test_mixture_of_experts_osft_on_two_ranks_holds_every_experts_subspace(demo_dir, tmp_path):
     """A tiny Mixtral (2 of 4 experts) with OSFT on 2 ranks: FSDP2 shards the factorized
-    experts by experts, and each expert's projection is local; after 5 steps no expert's
+    experts by experts, and each expert's projection is local; after 3 steps no expert's
     update enters its own frozen subspace, and final/ is in the checkpoint's per-expert
     layout."""
     import shutil
@@ -221,7 +221,7 @@ def test_mixture_of_experts_osft_on_two_ranks_holds_every_experts_subspace(demo_
     for tokenizer_file in (demo_dir / "model").glob("*token*"):
         shutil.copy(tokenizer_file, folder)
     out = tmp_path / "run"
-    flags = {"model-name-or-path": folder, "max-steps": 5, "weight-decay": 0.1}
+    flags = {"model-name-or-path": folder, "max-steps": 3, "weight-decay": 0.1}
     run_torchrun(*osft_flags(demo_dir, out, **flags), nproc=2)
     assert load_file(out / "final" / "model.safetensors").keys() == (
         load_file(folder / "model.safetensors").keys()
@@ -236,7 +236,7 @@ def test_mixture_of_experts_osft_on_two_ranks_holds_every_experts_subspace(demo_
         k = svd.frozen_rank(s.shape[-1], 0.75)
         delta = trained[key].double() - base[key].double()
         assert delta.norm() > 1e-3 * base[key].norm(), f"{key} did not train"
-        # 1e-4: 5 small steps, so the export's fp32 rounding of W (~1e-7 of |W|) is a larger
+        # 1e-4: 3 small steps, so the export's fp32 rounding of W (~1e-7 of |W|) is a larger
         # share of the update than in the 50-step test above (the issue's bound is 1e-3)
         assert (u[..., :k].mT @ delta).norm() < 1e-4 * delta.norm(), key
         assert (delta @ v[..., :k]).norm() < 1e-4 * delta.norm(), key
