@@ -33,6 +33,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from plan import child_env  # noqa: E402  (benchmarks/plan.py: this script's directory)
+
 MODES = {
     "adamw": (),
     "adamw-bf16": ("--optimizer", "adamw-bf16"),
@@ -42,14 +44,6 @@ MODES = {
     "adamw-8bit, bf16 params": ("--optimizer", "adamw-8bit", "--param-dtype", "bf16"),
 }
 RANKS = 2
-
-
-def child_env() -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", WANDB_MODE="disabled")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE"):
-        env.pop(name, None)
-    return env
 
 
 def cpu_model() -> str:

@@ -22,6 +22,7 @@ Keys here are the Hugging Face model's own (`model.layers.0...`, `lm_head.weight
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,21 +138,27 @@ class CheckpointLayout:
 def read_model_tensors(model_dir: Path, names: list[str]) -> dict[str, torch.Tensor]:
     """The named model tensors of a checkpoint folder (the model's own names), converted from
     the checkpoint's layout where it differs, one group at a time; a name no group gives is one
-    line naming the folder. For readers outside training (the OSFT SVD cache)."""
+    line naming the folder. For readers outside training (the OSFT SVD cache, which reads its
+    targets one by one: the folder's layout and groups are built once, `_groups_by_target`)."""
     entries = checkpoint_tensors(model_dir)
     wanted = [name for name in names if name not in entries]
     out = {name: read_tensor(entries[name]) for name in names if name in entries}
-    if not wanted:
-        return out
+    if wanted:
+        layout, groups = _groups_by_target(str(Path(model_dir).resolve()))
+        for name in wanted:
+            group = groups.get(name)
+            if group is None:
+                raise UserError(f"{model_dir}: weight {name} not found in the safetensors files")
+            read = {source: read_tensor(entries[source]) for source in group.sources}
+            out[name] = layout.convert(group, read)[name]
+    return {name: out[name] for name in names}
+
+
+@functools.lru_cache(maxsize=4)
+def _groups_by_target(model_dir: str) -> tuple[CheckpointLayout, dict[str, LoadGroup]]:
+    """A folder's layout (its model on the meta device) and checkpoint groups by target."""
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
     layout = CheckpointLayout(model)
-    for group in layout.groups(list(entries)):
-        if group.target not in wanted:
-            continue
-        read = {source: read_tensor(entries[source]) for source in group.sources}
-        out.update({k: v for k, v in layout.convert(group, read).items() if k in wanted})
-    missing = [name for name in wanted if name not in out]
-    if missing:
-        raise UserError(f"{model_dir}: weight {missing[0]} not found in the safetensors files")
-    return {name: out[name] for name in names}
+    groups = layout.groups(list(checkpoint_tensors(model_dir)))
+    return layout, {group.target: group for group in groups}
