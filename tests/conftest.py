@@ -18,7 +18,7 @@ from mini_trainer.distributed.launcher import REPRODUCIBLE_MKL
 os.environ.setdefault(*REPRODUCIBLE_MKL)
 
 import pytest  # noqa: E402
-from helpers import base_flags, run_cli, run_launcher  # noqa: E402
+from helpers import DESELECTED, WHOLE_SUITE_COUNT, base_flags, run_cli, run_launcher  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -98,3 +98,24 @@ def pytest_collection_modifyitems(config, items):
             group = next((f for f in SHARED_RUN_FIXTURES if f in item.fixturenames), None)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+# How many tests the whole suite has, for test_docs.py's check of the README's count: when this
+# session collected every test (run with no paths, or `tests`), the count is its own collection
+# plus what -m/-k deselected; otherwise (a file or a node id) None, and the check collects the
+# suite in a child process.
+
+
+def pytest_deselected(items):
+    config = items[0].config if items else None
+    if config is not None:
+        config.stash[DESELECTED] = config.stash.get(DESELECTED, 0) + len(items)
+
+
+def pytest_collection_finish(session):
+    tests = Path(__file__).parent
+    whole = bool(session.config.args) and all(
+        Path(arg).resolve() in (tests, tests.parent) for arg in session.config.args
+    )
+    counted = len(session.items) + session.config.stash.get(DESELECTED, 0)
+    session.config.stash[WHOLE_SUITE_COUNT] = counted if whole else None

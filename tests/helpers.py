@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -27,6 +28,10 @@ WORLD_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SI
 """What torchrun (or a world-of-one process group) sets: a new job picks its own."""
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
 """What a copy of the pipeline needs (`make_workdir`)."""
+WHOLE_SUITE_COUNT = pytest.StashKey["int | None"]()
+"""The whole suite's test count when this session collected it all (conftest.py), else None."""
+DESELECTED = pytest.StashKey[int]()
+"""How many collected tests -m/-k deselected (conftest.py)."""
 
 
 TINY_LLAMA = dict(

@@ -105,12 +105,21 @@ MODES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("optimizer", "param_dtype"), MODES)
-def test_every_mode_resumes_bit_identically(demo_dir, tmp_path, optimizer, param_dtype):
+def test_every_mode_resumes_bit_identically(
+    demo_dir, tmp_path, optimizer, param_dtype, monkeypatch
+):
     """A run resumed from its step-2 state (what a SIGKILL after that save leaves: the existing
     SIGKILL tests show a killed run's newest published state is intact) ends with the weights
     of the uninterrupted run, bit for bit, through the same run folder, checksums and
     torch.distributed.checkpoint path as the default mode (whose SIGKILL test is test_train.py's).
-    One rank, in this process; the 8-bit state's world-size rule is the test above."""
+    One rank, in this process; the 8-bit state's world-size rule is the test above. torchao's
+    update runs uncompiled here (compiling it cost this worker about 30 CPU-s); the compiled
+    update is what the 2-rank 8-bit test below runs."""
+    from torchao.optim.adam import single_param_adam
+
+    from mini_trainer.training import lowbit_adamw
+
+    monkeypatch.setattr(lowbit_adamw, "_compiled_update", lambda: single_param_adam)
     flags = {"training-mode": "step", "max-steps": 4, "save-every-steps": 2, "batch-size": 8,
              "max-tokens-per-gpu": 256, "save-final-checkpoint": True, "optimizer": optimizer,
              "param-dtype": param_dtype}  # fmt: skip
