@@ -109,16 +109,6 @@ def assert_same_final_weights(out, reference) -> None:
         torch.testing.assert_close(got[key], want[key], rtol=1e-6, atol=1e-7, msg=key)
 
 
-@pytest.mark.slow
-def test_two_hosts_train_the_same_weights_as_one_host_with_two_ranks(
-    two_hosts, slurm_reference_run, demo_dir, tmp_path
-):
-    out = tmp_path / "run"
-    stderr = finish(start_job(two_hosts, train_flags(demo_dir, out)))
-    assert "2 ranks on cpu" in stderr[0] + stderr[1]
-    assert_same_final_weights(out, slurm_reference_run)
-
-
 def kill_host_after_first_state(out, doomed_host, survivor) -> float:
     """SIGKILL to `doomed_host`'s launcher and worker (a power cut) once the run's first state
     is saved; the time of the kill."""
@@ -157,7 +147,9 @@ def test_killing_one_host_stops_the_other_with_one_line_and_both_resume_exactly(
 ):
     """Host B dies outright: host A's job loses its peer and exits non-zero with one line, no
     traceback; the same command (it carries --resume) on both hosts then continues to the
-    uninterrupted weights."""
+    weights of one host with two ranks (so two hosts train as one host does: steps before the
+    kill came from the first attempt, the rest from the resumed one; an uninterrupted two-host
+    run of its own added nothing to that claim and cost 40 CPU-s)."""
     out = tmp_path / "run"
     flags = [*train_flags(demo_dir, out), "--save-every-steps", "2"]
     host_a, host_b = start_job(two_hosts, flags)
@@ -168,6 +160,7 @@ def test_killing_one_host_stops_the_other_with_one_line_and_both_resume_exactly(
 
     stderr = finish(start_job(two_hosts, flags))  # --resume is among the flags
     assert "resumed from" in stderr[0] + stderr[1]
+    assert "2 ranks on cpu" in stderr[0] + stderr[1]
     assert [row["step"] for row in metrics(out)] == list(range(1, STEPS + 1))
     assert_same_final_weights(out, slurm_reference_run)
 
