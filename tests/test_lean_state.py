@@ -96,6 +96,18 @@ def test_lean_adamw_with_fp32_states_is_torch_adamw():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.fixture
+def uncompiled_8bit_update(monkeypatch):
+    """torchao's 8-bit update run uncompiled in this process: compiling it cost a test worker
+    about 30 CPU-s, and what these tests check (bytes, resume) does not depend on it. The
+    compiled update is what the 2-rank 8-bit test runs, in its own processes."""
+    from torchao.optim.adam import single_param_adam
+
+    from mini_trainer.training import lowbit_adamw
+
+    monkeypatch.setattr(lowbit_adamw, "_compiled_update", lambda: single_param_adam)
+
+
 MODES = [
     ("adamw-bf16", "fp32"),
     ("adamw", "bf16"),
@@ -106,20 +118,13 @@ MODES = [
 @pytest.mark.slow
 @pytest.mark.parametrize(("optimizer", "param_dtype"), MODES)
 def test_every_mode_resumes_bit_identically(
-    demo_dir, tmp_path, optimizer, param_dtype, monkeypatch
+    demo_dir, tmp_path, optimizer, param_dtype, uncompiled_8bit_update
 ):
     """A run resumed from its step-2 state (what a SIGKILL after that save leaves: the existing
     SIGKILL tests show a killed run's newest published state is intact) ends with the weights
     of the uninterrupted run, bit for bit, through the same run folder, checksums and
     torch.distributed.checkpoint path as the default mode (whose SIGKILL test is test_train.py's).
-    One rank, in this process; the 8-bit state's world-size rule is the test above. torchao's
-    update runs uncompiled here (compiling it cost this worker about 30 CPU-s); the compiled
-    update is what the 2-rank 8-bit test below runs."""
-    from torchao.optim.adam import single_param_adam
-
-    from mini_trainer.training import lowbit_adamw
-
-    monkeypatch.setattr(lowbit_adamw, "_compiled_update", lambda: single_param_adam)
+    One rank, in this process; the 8-bit state's world-size rule is the test above."""
     flags = {"training-mode": "step", "max-steps": 4, "save-every-steps": 2, "batch-size": 8,
              "max-tokens-per-gpu": 256, "save-final-checkpoint": True, "optimizer": optimizer,
              "param-dtype": param_dtype}  # fmt: skip
@@ -150,7 +155,9 @@ def test_every_mode_resumes_bit_identically(
     ("optimizer", "param_dtype"),
     [("adamw", "fp32"), ("adamw-bf16", "fp32"), ("adamw", "bf16"), ("adamw-8bit", "fp32")],
 )
-def test_plan_counts_the_state_the_real_optimizer_builds(optimizer, param_dtype):
+def test_plan_counts_the_state_the_real_optimizer_builds(
+    optimizer, param_dtype, uncompiled_8bit_update
+):
     from mini_trainer.plan.optimizer_state import state_bytes, tensor_bytes
     from mini_trainer.training.optimizer import optimizer_class
 
