@@ -115,6 +115,8 @@ def _non_default(field: dataclasses.Field, kind: type):
         return "adamw-8bit"
     if field.name == "param_dtype":
         return "fp32"  # bf16 is refused with --osft (set here): tests/test_lean_state.py
+    if field.name == "context_parallel":
+        return 1  # refused with --osft and --compile (set here): tests/test_context_parallel.py
     if kind is float:
         return 0.25 if field.default in (None, dataclasses.MISSING) else field.default / 2 + 0.125
     if kind is int:
@@ -128,7 +130,8 @@ def test_every_training_field_is_forwarded():
     values = {f.name: _non_default(f, _base_type(hints[f.name])) for f in fields}
     args = TrainingArgs(**values)
     for f in fields:
-        assert f.name == "param_dtype" or getattr(args, f.name) != f.default, f.name
+        kept = ("param_dtype", "context_parallel")
+        assert f.name in kept or getattr(args, f.name) != f.default, f.name
     command = build_command(TorchrunArgs(nproc_per_node=2), args)
     torchrun, train_argv = split_launcher_args(command[command.index("train") + 1 :])
     assert parse_training_args(train_argv) == args
