@@ -11,7 +11,8 @@ returns each sample's summed token loss, so the comparison is per sample, not on
 Part 2 ("engine: ..."). The training loop itself (`loop.train`) on a llama, with samples up to
 twice `--max-tokens-per-gpu` and a short last batch: --context-parallel 2 (one group) against
 CP 1 with twice the cap (two data-parallel ranks, so another packing plan): every step's loss
-and the exported weights. The export runs under CP, so it is checked too.
+and the exported weights. The CP run also checkpoints activations and defers the gradient
+reduction to the step's end. The export runs under CP, so it is checked too.
 
 `python -m torch.distributed.run --standalone --nproc-per-node 2 tests/context_ranks.py OUT DIR`
 """
@@ -135,6 +136,9 @@ def engine(work: Path, runtime) -> dict:
             output_dir=str(work / f"run_cp{cp}"), batch_size=5, max_tokens_per_gpu=cap,
             context_parallel=cp, learning_rate=1e-3, save_final_checkpoint=True,
             save_dtype="float32", seed=3,
+            # CP under recomputation (the gather runs again in backward) and one gradient
+            # reduction per step: both must leave the numbers as CP 1's plain run
+            activation_checkpointing=cp > 1, defer_grad_sync=cp > 1,
         )  # fmt: skip
         assert train(args, runtime) == 0
         metrics = (work / f"run_cp{cp}" / "metrics.jsonl").read_text().splitlines()
