@@ -126,6 +126,7 @@ FEATURES = {
     "window": {"window": 4},
     "softcap": {"softcap": 0.7},
     "sinks and window": {"sinks": True, "window": 5},
+    "value head size apart (MLA)": {"v_dim": 6},
 }
 
 
@@ -142,9 +143,9 @@ def _check_chunk_attention(cp, features, lengths):
     torch.manual_seed(0)
     row = collate_packed(_samples(lengths), 1)
     tokens = row.input_ids.shape[1]
-    heads, kv_heads, dim = 4, 2, 8
-    q, k, v = (torch.randn(1, h, tokens, dim, dtype=torch.float64, requires_grad=True)
-               for h in (heads, kv_heads, kv_heads))  # fmt: skip
+    heads, kv_heads, dim, v_dim = 4, 2, 8, features.get("v_dim", 8)
+    q, k, v = (torch.randn(1, h, tokens, d, dtype=torch.float64, requires_grad=True)
+               for h, d in ((heads, dim), (kv_heads, dim), (kv_heads, v_dim)))  # fmt: skip
     sinks = torch.randn(heads, dtype=torch.float64, requires_grad=True)
     window, softcap = features.get("window"), features.get("softcap")
     use_sinks = sinks if features.get("sinks") else None
