@@ -45,6 +45,11 @@ def good_flags(demo_dir, tmp_path):
         (["--lr-scheduler", "warp"], {}, "--lr-scheduler: unknown value 'warp'"),
         (["--batch-size", "1"], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"},
          "--batch-size: 1 is smaller than the number of ranks (2)"),
+        (["--context-parallel", "2"], {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"},
+         "--context-parallel: 2 does not divide the number of ranks (3)"),
+        (["--context-parallel", "2", "--batch-size", "1"],
+         {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0"},
+         "--batch-size: 1 is smaller than the number of context-parallel groups (2)"),
         (["--training-mode", "step"], {}, "--max-steps: required with --training-mode step"),
         (["--max-tokens-per-gpu", "0"], {}, "--max-tokens-per-gpu: must be at least 1, got 0"),
         # argparse's own errors: one line too, not its 40-line usage.
