@@ -13,9 +13,9 @@ softmaxes by their log-sum-exp):
   same sdpa or `explicit_attention` (soft-caps, sinks, windows) as the per-sample path, so every
   family the packed path supports is supported here; no partial-softmax merge, which neither
   sdpa on the CPU nor the explicit formula exposes.
-- gloo runs it: the gather is `torch.distributed.nn.functional.all_gather`, whose backward
-  sums each rank's key/value gradients back to their owner (reduce-scatter on NCCL, all-to-all
-  and a sum on gloo), so key and value gradients flow exactly.
+- gloo runs it: the gather (`GatherChunks`) is autograd-aware, its backward sums each rank's
+  key/value gradients back to their owner (a reduce-scatter on NCCL; on gloo, which has none,
+  an all-reduce of which each rank keeps its part), so key and value gradients flow exactly.
 - its cost is memory: every rank holds the whole row's keys and values for the layer it runs
   (and, without activation checkpointing, keeps them for backward in every layer). `plan`
   counts this buffer; at 8B (8 KV heads x 128) it is 4 KiB per token per layer in bf16, 512 MiB
@@ -28,8 +28,8 @@ softmaxes by their log-sum-exp):
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.nn.functional import all_gather
 from torch.nn.attention.bias import causal_lower_right
 from transformers import AttentionInterface
 
@@ -39,14 +39,43 @@ from mini_trainer.training.packed_attention import explicit_attention
 NAME = "mini_trainer_context_parallel"
 
 
+class GatherChunks(torch.autograd.Function):
+    """All-gather of one tensor per rank of `group` into (N, *shape); the backward hands each
+    rank the sum over the group of the gradients of its own chunk (a reduce-scatter).
+
+    Not `torch.distributed.nn.functional.all_gather`: its gloo backward (an all-to-all built
+    from `scatter` calls) passes group ranks where global ranks are meant, and fails in any
+    group that does not start at global rank 0 (dp x cp with dp > 1)."""
+
+    @staticmethod
+    def forward(ctx, chunk: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        size = dist.get_world_size(group)
+        out = chunk.new_empty((size * chunk.shape[0], *chunk.shape[1:]))  # chunks along dim 0
+        dist.all_gather_into_tensor(out, chunk.contiguous(), group=group)
+        return out.view(size, *chunk.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rank = dist.get_rank(ctx.group)
+        if dist.get_backend(ctx.group) == dist.Backend.NCCL:
+            mine = grad.new_empty(grad.shape[1:])
+            flat = grad.contiguous().view(-1, *grad.shape[2:])  # chunks along dim 0
+            dist.reduce_scatter_tensor(mine, flat, group=ctx.group)
+            return mine, None
+        summed = grad.contiguous().clone()  # gloo: no reduce-scatter; sum all, keep ours
+        dist.all_reduce(summed, group=ctx.group)
+        return summed[rank], None
+
+
 def gather_row(
     key: torch.Tensor, value: torch.Tensor, layout: ChunkLayout, group
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The group's keys and values of the whole row, in row order: (1, Hkv, 2NP, D) each.
     Autograd-aware: the backward returns each rank the summed gradients of its own chunk."""
     k_dim = key.shape[-1]
-    chunks = all_gather(torch.cat([key, value], dim=-1), group=group)
-    row = row_from_chunks(list(chunks), layout.piece_len)
+    chunks = GatherChunks.apply(torch.cat([key, value], dim=-1), group)
+    row = row_from_chunks(list(chunks.unbind(0)), layout.piece_len)
     return row[..., :k_dim], row[..., k_dim:]
 
 
