@@ -383,6 +383,12 @@ def _detail(part) -> str:
             f"{result['packed']['tokens_per_second_per_device']:,.0f} tok/s, mfu "
             f"{'n/a' if mfu is None else f'{mfu:.1%}'} ({result['attention']})"
         )
+    if "anchor_tokens_per_gpu_s" in result:  # benchmarks/context_parallel.py --gpu
+        return (
+            f"CP {result['ranks']}, {result['tokens']:,} tokens: "
+            f"{result['tokens_per_gpu_s']:,.0f} tok/s per GPU (anchor "
+            f"{result['anchor_tokens_per_gpu_s']:,})"
+        )
     if "last_loss" in result:
         mfu = result["mfu"]
         return (

@@ -61,9 +61,16 @@ def check_inputs(args: TrainingArgs, world_size: int) -> None:
             check_weight_files(args.model_name_or_path)  # headers only: before any worker starts
         except UserError as error:
             problems += error.lines
-    if args.batch_size < world_size:
+    groups = world_size // args.context_parallel  # each group packs one row per micro-batch
+    if world_size % args.context_parallel:
         problems.append(
-            f"--batch-size: {args.batch_size} is smaller than the number of ranks ({world_size})"
+            f"--context-parallel: {args.context_parallel} does not divide the number of ranks "
+            f"({world_size})"
+        )
+    elif args.batch_size < groups:
+        what = "context-parallel groups" if args.context_parallel > 1 else "ranks"
+        problems.append(
+            f"--batch-size: {args.batch_size} is smaller than the number of {what} ({groups})"
         )
     if args.wandb_project and importlib.util.find_spec("wandb") is None:
         problems.append(

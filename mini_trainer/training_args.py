@@ -72,6 +72,13 @@ class TrainingArgs:
     )
     batch_size: int = _arg(32, "Samples per optimizer step, over all ranks.", minimum=1)
     max_tokens_per_gpu: int = _arg(8192, "Token cap per rank per micro-batch.", minimum=1)
+    context_parallel: int = _arg(
+        1,
+        "Split each packed row over groups of N ranks (zig-zag chunks, keys and values gathered "
+        "in the group; docs/context_parallel.md): a row, and so a sample, may hold N x "
+        "--max-tokens-per-gpu tokens. The number of ranks must be a multiple of N.",
+        minimum=1,
+    )
     learning_rate: float = _arg(1e-5, "Peak learning rate.", minimum=0)
     num_warmup_steps: int = _arg(0, "Linear warm-up steps of the scheduler.", minimum=0)
     lr_scheduler: str = _arg(
@@ -278,6 +285,7 @@ class TrainingArgs:
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
         yield from self._osft_problems()
+        yield from self._context_parallel_problems()
         yield from optimizer_problems(self)
         yield from validation_problems(self)
 
@@ -306,6 +314,25 @@ class TrainingArgs:
             )
         if self.osft_target_patterns is not None and not all(self.osft_target_patterns):
             yield "--osft-target-patterns: empty pattern"
+
+    def _context_parallel_problems(self):
+        if self.context_parallel < 1:
+            yield f"--context-parallel: must be at least 1, got {self.context_parallel}"
+        if self.context_parallel <= 1:
+            return
+        refused = {
+            "osft": "--osft",
+            "compile": "--compile",
+            "validation_data_path": "--validation-data-path",
+        }
+        for name, flag in refused.items():
+            if getattr(self, name):
+                yield f"--context-parallel: not with {flag} (not supported yet)"
+
+    @property
+    def row_tokens(self) -> int:
+        """The token budget of one packed row: a rank's, or a context-parallel group's."""
+        return self.max_tokens_per_gpu * self.context_parallel
 
     def warnings(self) -> list[str]:
         """Legal but probably unintended settings, printed at the start of a run."""

@@ -366,6 +366,22 @@ def test_cross_key_checks(demo, change, message):
     assert str(caught.value).startswith(message)
 
 
+def test_data_is_validated_against_a_context_parallel_groups_row(demo):
+    """With training.context_parallel N, `validate` keeps samples up to N x the rank cap, and a
+    method's own row budget may not be smaller (docs/context_parallel.md)."""
+    config = copy.deepcopy(demo)
+    config["training"]["context_parallel"] = 4
+    cap = config["training"]["max_tokens_per_gpu"]
+    assert pipeline.data_token_cap(demo) == cap and pipeline.data_token_cap(config) == 4 * cap
+    config["methods"]["sft"].setdefault("training", {})["context_parallel"] = 2
+    with pytest.raises(pipeline.ConfigError) as caught:
+        pipeline.check_config(config)
+    assert str(caught.value).startswith(
+        f"config: methods.sft.training.max_tokens_per_gpu: {2 * cap} is below "
+        f"training.max_tokens_per_gpu x training.context_parallel ({4 * cap})"
+    )
+
+
 def test_warmup_longer_than_max_steps_is_refused_naming_method_and_key(demo):
     shared = copy.deepcopy(demo)
     shared["training"]["num_warmup_steps"] = 100  # max_steps: 80

@@ -17,6 +17,7 @@ from mini_trainer.osft.svd import part_shapes
 from mini_trainer.plan import activations
 from mini_trainer.plan import model as planned
 from mini_trainer.plan.inputs import Cluster, load_config, make_plan, training_args
+from mini_trainer.plan.render import table
 
 FIXTURES = Path(__file__).parent / "fixtures" / "plan"
 LLAMA_8B = FIXTURES / "llama-3.1-8b"
@@ -224,3 +225,20 @@ def test_require_fit_prints_the_plan_then_exits_4():
     assert result.returncode == 4
     assert "DOES NOT FIT" in result.stdout
     assert "does not fit in 80.0 GiB" in result.stderr
+
+
+def test_plan_reports_the_longest_sample_with_and_without_context_parallelism():
+    """8B on 8 H100 with --context-parallel 8: the gathered keys and values are a line of
+    their own (one layer with checkpointing: 8 x 16,384 tokens x 8 KV heads x 2 x 128 x bf16),
+    and the longest sample with CP is longer than without, but less than 8 times (the buffer)."""
+    cluster = Cluster(nodes=1, gpus_per_node=8, gpu_memory_gib=80, device="cuda")
+    flags = ["--max-tokens-per-gpu", "16384", "--activation-checkpointing", "--batch-size", "1"]
+    plan = make_plan(str(LLAMA_8B), None, cluster, [*flags, "--context-parallel", "8"])
+    gpu = plan["per_gpu"]
+    lines = {line["name"]: line["bytes"] for line in gpu["lines"]}
+    assert lines["context parallel: gathered keys/values"] == 8 * 16384 * 8 * 2 * 128 * 2
+    longest = gpu["longest_sample"]
+    assert longest["context_parallel"] == 8 and plan["training"]["context_parallel"] == 8
+    assert longest["without_cp"] < longest["with_cp"] < 8 * longest["without_cp"]
+    assert longest["with_cp"] == 8 * gpu["largest_max_tokens_per_gpu"]  # one chunk per GPU
+    assert "longest single sample that fits" in table(plan)

@@ -45,6 +45,11 @@ def good_flags(demo_dir, tmp_path):
         (["--lr-scheduler", "warp"], {}, "--lr-scheduler: unknown value 'warp'"),
         (["--batch-size", "1"], {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"},
          "--batch-size: 1 is smaller than the number of ranks (2)"),
+        (["--context-parallel", "2"], {"WORLD_SIZE": "3", "RANK": "0", "LOCAL_RANK": "0"},
+         "--context-parallel: 2 does not divide the number of ranks (3)"),
+        (["--context-parallel", "2", "--batch-size", "1"],
+         {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0"},
+         "--batch-size: 1 is smaller than the number of context-parallel groups (2)"),
         (["--training-mode", "step"], {}, "--max-steps: required with --training-mode step"),
         (["--max-tokens-per-gpu", "0"], {}, "--max-tokens-per-gpu: must be at least 1, got 0"),
         # argparse's own errors: one line too, not its 40-line usage.
@@ -115,6 +120,8 @@ def _non_default(field: dataclasses.Field, kind: type):
         return "adamw-8bit"
     if field.name == "param_dtype":
         return "fp32"  # bf16 is refused with --osft (set here): tests/test_lean_state.py
+    if field.name == "context_parallel":
+        return 1  # refused with --osft and --compile (set here): tests/test_context_parallel.py
     if kind is float:
         return 0.25 if field.default in (None, dataclasses.MISSING) else field.default / 2 + 0.125
     if kind is int:
@@ -128,7 +135,8 @@ def test_every_training_field_is_forwarded():
     values = {f.name: _non_default(f, _base_type(hints[f.name])) for f in fields}
     args = TrainingArgs(**values)
     for f in fields:
-        assert f.name == "param_dtype" or getattr(args, f.name) != f.default, f.name
+        kept = ("param_dtype", "context_parallel")
+        assert f.name in kept or getattr(args, f.name) != f.default, f.name
     command = build_command(TorchrunArgs(nproc_per_node=2), args)
     torchrun, train_argv = split_launcher_args(command[command.index("train") + 1 :])
     assert parse_training_args(train_argv) == args

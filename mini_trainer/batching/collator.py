@@ -55,6 +55,9 @@ class PackedMicroBatch:
     loss_rows: torch.Tensor
     """(num_loss_tokens,) int64: positions in the row whose target is not -100. Built on the
     host, so the loss needs no device-side `nonzero` (a host sync on GPU)."""
+    context: object | None = None
+    """With `--context-parallel N`: this rank's chunk of its group's row (a
+    `batching.context_split.ChunkLayout`, host memory); None for a whole row."""
 
     TENSORS: ClassVar[tuple[str, ...]] = (
         "input_ids",

@@ -65,6 +65,14 @@ def exit_on_config_error() -> Iterator[None]:
         raise SystemExit(2) from None
 
 
+def data_token_cap(config: Config) -> int:
+    """The token cap the pipeline's `validate` checks the data against: one packed row's budget,
+    `training.max_tokens_per_gpu` times `training.context_parallel` (a group's row with context
+    parallelism, docs/context_parallel.md)."""
+    training = config["training"]
+    return training["max_tokens_per_gpu"] * training.get("context_parallel", 1)
+
+
 def check_config(config: Config) -> None:
     """Raise `ConfigError` for the first cross-key problem of a schema-validated config."""
     _check_stages(config)
@@ -73,18 +81,21 @@ def check_config(config: Config) -> None:
     except DataConfigError as error:
         raise ConfigError(f"config: {error.key}", error.reason) from None
     _check_gpus(config)
-    shared_cap = config["training"].get("max_tokens_per_gpu")
-    if shared_cap is None:
+    if config["training"].get("max_tokens_per_gpu") is None:
         raise ConfigError(
             "config: training.max_tokens_per_gpu", "required (the data is validated against it)"
         )
+    shared_cap = data_token_cap(config)
+    what = "training.max_tokens_per_gpu"
+    if config["training"].get("context_parallel", 1) > 1:
+        what += " x training.context_parallel"
     for name, method in config["methods"].items():
         options = method.get("training", {})
-        cap = options.get("max_tokens_per_gpu", shared_cap)
+        cap = data_token_cap({"training": {**config["training"], **options}})
         if cap < shared_cap:
             raise ConfigError(
                 f"config: methods.{name}.training.max_tokens_per_gpu",
-                f"{cap} is below training.max_tokens_per_gpu ({shared_cap}), the cap the data "
+                f"{cap} is below {what} ({shared_cap}), the cap the data "
                 "is validated against; lower the shared value instead",
             )
         reprs = [lr_str(lr) for lr in method["learning_rates"]]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from mini_trainer.errors import UserError
@@ -90,10 +90,16 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
     started = time.perf_counter()
     model_dir = resolve_model_dir(model, revision)
     args = training_args(model_dir, flags)
-    if args.batch_size < cluster.world:
+    if cluster.world % args.context_parallel:
+        raise UserError(
+            f"--context-parallel: {args.context_parallel} does not divide the {cluster.world} GPUs"
+        )
+    groups = cluster.world // args.context_parallel
+    if args.batch_size < groups:
         raise UserError(
             f"--batch-size: {args.batch_size} samples cannot give each of the "
-            f"{cluster.world} GPUs one ({cluster.nodes} x {cluster.gpus_per_node})"
+            f"{groups} GPU groups one ({cluster.nodes} x {cluster.gpus_per_node} GPUs, "
+            f"--context-parallel {args.context_parallel})"
         )
     cuda = cluster.device == "cuda"
     if args.cpu_offload and not cuda:
@@ -118,9 +124,14 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         optimizer_state_bytes=optimizer_state.state_bytes(wrapped, args, cluster.world),
         optimizer=args.optimizer,
         step_copies=optimizer_state.step_copies(args),
+        context_parallel=args.context_parallel,
+        kv_bytes_per_token=kv_bytes_per_token(config, compute),
     )
     result = memory.memory(counts, trace, setup)
     budget = int(cluster.gpu_memory_gib * memory.GIB)
+    # with CP: the run's N, else one node's GPUs as the group a long sample would use
+    cp = args.context_parallel if args.context_parallel > 1 else cluster.gpus_per_node
+    without_cp = replace(setup, context_parallel=1)
     host_lines, disk_lines = host.host_and_disk(
         counts,
         cluster.gpus_per_node,
@@ -139,6 +150,7 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         "cluster": asdict(cluster) | {"world_size": cluster.world},
         "training": {
             "max_tokens_per_gpu": args.max_tokens_per_gpu,
+            "context_parallel": args.context_parallel,
             "batch_size": args.batch_size,
             "osft": args.osft,
             "osft_unfreeze_rank_ratio": args.osft_unfreeze_rank_ratio,
@@ -168,11 +180,30 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
             "fits": result.peak <= budget,
             "margin_bytes": budget - result.peak,
             "largest_max_tokens_per_gpu": memory.largest_tokens(counts, trace, setup, budget),
+            "longest_sample": {
+                "without_cp": memory.longest_sample(counts, trace, without_cp, budget),
+                "with_cp": memory.longest_sample(
+                    counts, trace, replace(setup, context_parallel=cp), budget
+                ),
+                "context_parallel": cp,
+            },
         },
         "per_node": {"host": host_lines, "disk": disk_lines},
         "step_time_estimate": step_time(wrapped, counts, cluster, setup),
         "plan_seconds": round(time.perf_counter() - started, 2),
     }
+
+
+def kv_bytes_per_token(config, compute_dtype) -> int:
+    """One layer's key and value bytes per token: KV heads x (key + value head size), in the
+    compute dtype (MLA models: every head, qk and v head sizes apart)."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    k_dim = getattr(config, "qk_head_dim", None) or head_dim
+    if getattr(config, "qk_rope_head_dim", None) and getattr(config, "qk_nope_head_dim", None):
+        k_dim = config.qk_rope_head_dim + config.qk_nope_head_dim
+    v_dim = getattr(config, "v_head_dim", None) or head_dim
+    return heads * (k_dim + v_dim) * compute_dtype.itemsize
 
 
 def step_time(wrapped, counts, cluster: Cluster, setup) -> dict:

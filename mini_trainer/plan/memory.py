@@ -52,6 +52,11 @@ class Setup:
     step_copies: int = 0
     """fp32 copies of one parameter the lean step holds (lean_adamw.fp32_temporaries); 0: not
     a LeanAdamW mode."""
+    context_parallel: int = 1
+    """N of `--context-parallel`: `tokens` is then one rank's chunk of a row of N x tokens."""
+    kv_bytes_per_token: int = 0
+    """One layer's key and value bytes per token (all KV heads, compute dtype): what the
+    context-parallel gather holds for every token of the row."""
 
     @property
     def compute_bytes(self) -> int:
@@ -198,6 +203,7 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
             "one unit's all-gather output and reduce-scatter input",
         ),
         Line("unsharded gradients (--defer-grad-sync)", grads_unsharded, "counted", (BEND,)),
+        gathered_kv(trace, setup),
         step_temporaries(counts, setup, on_gpu),
     ]
     result = Memory([line for line in lines if line.bytes or line.source != "formula"])
@@ -219,6 +225,22 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
     )
     result.peak = tensors + overhead
     return result
+
+
+def gathered_kv(trace: Trace, setup: Setup) -> Line:
+    """Context parallelism's gathered keys and values (formula): the whole row's (N x tokens),
+    kept for backward by every layer, or by the one layer running with activation
+    checkpointing. The rank's own chunk is in the traced activations too (counted twice)."""
+    n = setup.context_parallel
+    layers = 1 if setup.activation_checkpointing else trace.layers
+    size = layers * n * setup.tokens * setup.kv_bytes_per_token if n > 1 else 0
+    note = f"{layers} layer(s) x {n} x {setup.tokens:,} tokens" if n > 1 else ""
+    return Line("context parallel: gathered keys/values", size, "formula", (FWD, BWD), note)
+
+
+def longest_sample(counts: Counts, trace: Trace, setup: Setup, budget: int) -> int:
+    """The longest single sample that fits: a whole row on one GPU, or N chunks' worth."""
+    return setup.context_parallel * largest_tokens(counts, trace, setup, budget)
 
 
 LOWBIT_TEMPORARIES = 3

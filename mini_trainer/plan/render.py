@@ -21,6 +21,7 @@ def _active(params: dict) -> str:
 
 def table(plan: dict) -> str:
     cluster, training, gpu = plan["cluster"], plan["training"], plan["per_gpu"]
+    longest = gpu["longest_sample"]
     params = plan["parameters"]
     out = [
         f"plan: {plan['model']} ({plan['model_type']}, {params['total'] / 1e9:.2f}B parameters, "
@@ -64,6 +65,9 @@ def table(plan: dict) -> str:
         f"  peak {_gib(gpu['peak_bytes'])} at {gpu['peak_phase']} (allocator overhead included): "
         f"{verdict} in {_gib(gpu['budget_bytes'])}, margin {_gib(gpu['margin_bytes'])}",
         f"  largest --max-tokens-per-gpu that fits: {gpu['largest_max_tokens_per_gpu']:,}",
+        f"  longest single sample that fits: {longest['without_cp']:,} tokens without context "
+        f"parallelism, {longest['with_cp']:,} with --context-parallel "
+        f"{longest['context_parallel']} (gathered keys/values counted)",
         "",
         "per node: host memory",
     ]

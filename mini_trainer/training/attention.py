@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 
-from mini_trainer.training import packed_attention
+from mini_trainer.training import context_attention, packed_attention
 
 log = logging.getLogger("mini_trainer")
 
@@ -159,6 +159,8 @@ def attention_kwargs(name: str, micro) -> dict:
     """
     if name == PER_SAMPLE_NAME:
         return {"packed_bounds": [micro.seq_starts]}
+    if name == context_attention.NAME:  # a context-parallel chunk (batching/context_split.py)
+        return {"context_layout": micro.context}
     return {
         "cu_seq_lens_q": micro.cu_seqlens,
         "cu_seq_lens_k": micro.cu_seqlens,

@@ -23,21 +23,24 @@ def load_dataset(args: TrainingArgs, runtime):
             read_index_metadata(args.data_index),
             int(dataset.lengths.max()),
             vocab_size,
-            args.max_tokens_per_gpu,
+            args.row_tokens,
         )
         if problem:
             raise UserError(f"{args.data_index}: --data-index: {problem}")
         return dataset
+    cap = "--max-tokens-per-gpu"
+    if args.context_parallel > 1:  # a group's row: validate with the group's budget
+        cap = f"--max-tokens-per-gpu x --context-parallel ({args.row_tokens})"
     hint = (
-        "samples longer than --max-tokens-per-gpu: {count}; to train without them, "
+        f"samples longer than {cap}: {{count}}; to train without them, "
         f"run mini-trainer validate {args.data_path} --on-long drop --out-index F.parquet "
-        "(with --model and --max-tokens-per-gpu as here), then train with --data-index "
-        "F.parquet"
+        f"(with --model as here and --max-tokens-per-gpu {args.row_tokens}), then train with "
+        "--data-index F.parquet"
     )
 
     def index_on_main():
         return build_index(
-            args.data_path, vocab_size, args.max_tokens_per_gpu, long_hint=hint, outcome=None
+            args.data_path, vocab_size, args.row_tokens, long_hint=hint, outcome=None
         )[0]
 
     index = decided_on_main(index_on_main, runtime)

@@ -60,6 +60,7 @@ MAY_CHANGE_ON_RESUME = (
     "wandb_run_name",
     "wandb_entity",
     "max_tokens_per_gpu",  # how a step is split, not what it computes (tested exact)
+    "context_parallel",  # how a row is split over ranks, not what it computes (tested exact)
     "validation_max_tokens_per_gpu",  # how validation is split, not what it measures
     "activation_checkpointing",
     "cpu_offload",

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from mini_trainer.batching.sampler import BatchSampler
+from mini_trainer.distributed.context_groups import context_groups
 from mini_trainer.distributed.preemption import EXIT_PREEMPTED, StopRequest
 from mini_trainer.distributed.run_lock import lock_output_dir
 from mini_trainer.distributed.runtime import Runtime, all_reduce_max, all_reduce_sum
@@ -68,6 +69,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     lock_output_dir(out, runtime)  # one job per output folder, for the job's life
     stop_request = StopRequest()
     seed_everything(args.seed + runtime.rank)
+    groups = context_groups(runtime, args.context_parallel)  # None without --context-parallel
 
     # -- data
     dataset = load_dataset(args, runtime)
@@ -83,7 +85,10 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     method = make_method(args)
     loss_fn = make_loss_fn(args.use_liger_kernels, runtime.device.type)
     context = MethodContext(runtime=runtime, out=out, resumed_from=resumed_from)
-    model, config = build_model(ModelSpec.of(args), loss_fn, runtime, method, context)
+    model, config = build_model(
+        ModelSpec.of(args), loss_fn, runtime, method, context,
+        context_group=groups.group if groups else None,
+    )  # fmt: skip
     pad_id = config.pad_token_id if config.pad_token_id is not None else 0
 
     # -- optimizer
@@ -109,9 +114,10 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
     # -- steps (the next steps' micro-batches are prepared in a background thread)
     model.train()
     prefetcher = StepPrefetcher(
-        sampler, dataset, rank=runtime.rank, world_size=runtime.world_size,
-        max_tokens_per_rank=args.max_tokens_per_gpu, pad_id=pad_id, pin_memory=runtime.is_cuda,
-        device=runtime.device,
+        sampler, dataset, rank=groups.dp_rank if groups else runtime.rank,
+        world_size=groups.dp_size if groups else runtime.world_size,
+        max_tokens_per_rank=args.row_tokens, pad_id=pad_id, pin_memory=runtime.is_cuda,
+        device=runtime.device, context_split=(groups.size, groups.rank) if groups else None,
     )  # fmt: skip
     step_metrics = StepMetrics(model, dataset, runtime)
     with recording_bad_input(out, progress):  # then the same command may run again

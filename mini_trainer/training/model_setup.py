@@ -22,8 +22,8 @@ from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext
 from mini_trainer.models import support
 from mini_trainer.models.loading import load_sharded_weights
-from mini_trainer.models.moe import RouterStats
-from mini_trainer.training import packed_attention
+from mini_trainer.models.moe import RouterStats, routing
+from mini_trainer.training import context_attention, packed_attention
 from mini_trainer.training.attention import attention_needs, pick_attention
 from mini_trainer.training.compile import compile_layers
 from mini_trainer.training.loss import LossFn, logit_head
@@ -195,13 +195,16 @@ def build_model(
     runtime: Runtime,
     method,
     context: MethodContext | None = None,
+    context_group=None,
 ) -> tuple[CausalLMWithLoss, object]:
     """The FSDP2-sharded training model and its config, weights loaded from `spec.model_path`.
 
     `method` (mini_trainer/method.py) adapts the meta-device model before sharding (told about
     the run by `context`; without one, a model outside any run, as evaluation builds it) and
     converts rank 0 dense weights into the adapted model state before they are broadcast.
-    `loss_fn` is the model own loss (None: every call passes one).
+    `loss_fn` is the model own loss (None: every call passes one). With `context_group` (the
+    rank's context-parallel process group, `--context-parallel N`) attention is the chunk's
+    (training/context_attention.py) whatever the device: it needs `context_layout` per call.
     """
     # Every family accepts the per-sample path; the kernel is chosen once the model's
     # attention layers say what they need (windows, soft-caps, sinks).
@@ -213,6 +216,14 @@ def build_model(
         activation_checkpointing=spec.activation_checkpointing, log_main=runtime.is_main,
     )  # fmt: skip
     attention = pick_attention(runtime, attention_needs(wrapped.model))
+    if context_group is not None:
+        routes = routing(wrapped.model)
+        if routes is not None and routes.aux_coef:
+            raise UserError(
+                "--context-parallel: not with a mixture of experts' router loss (its "
+                "load-balancing term is not a sum over tokens)"
+            )
+        attention = context_attention.register(context_group)
     if attention != wrapped.model.config._attn_implementation:
         wrapped.model.set_attn_implementation(attention)
     if runtime.is_main:

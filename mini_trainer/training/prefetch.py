@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from mini_trainer.batching.collator import PackedMicroBatch, StepPlan, collate_packed, plan_step
+from mini_trainer.batching.context_split import split_row
 from mini_trainer.batching.sampler import BatchSampler, GlobalBatch
 
 DEFAULT_DEPTH = 2
@@ -43,8 +44,12 @@ class StepPrefetcher:
         pin_memory: bool,
         device=None,
         depth: int = DEFAULT_DEPTH,
+        context_split: tuple[int, int] | None = None,
     ):
-        """`pin_memory` (CUDA only) pins the rows for `device`, this rank's GPU."""
+        """`pin_memory` (CUDA only) pins the rows for `device`, this rank's GPU. With
+        `context_split` (N, place in the group), `rank`, `world_size` and `max_tokens_per_rank`
+        are the context-parallel group's (its index, the number of groups, N x the rank cap)
+        and each row is cut to this rank's zig-zag chunk."""
         self._ahead = BatchSampler(sampler.num_samples, sampler.batch_size, sampler.seed)
         self._ahead.load_state_dict(sampler.state_dict())
         self._dataset = dataset
@@ -54,6 +59,7 @@ class StepPrefetcher:
         self._pad_id = pad_id
         self._pin = pin_memory
         self._device = device
+        self._split = context_split
         self._queue: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mini-trainer-prefetch", daemon=True)
@@ -112,6 +118,9 @@ class StepPrefetcher:
             )
             for ranks in plan.micro_batches
         ]  # fmt: skip
+        if self._split is not None:
+            size, place = self._split
+            micro_batches = [split_row(m, size, place, self._pad_id) for m in micro_batches]
         if self._pin:
             micro_batches = [micro.pin_memory() for micro in micro_batches]
         return batch, plan, micro_batches

@@ -132,7 +132,7 @@ rule validate:
         task=r"(mix/)?[A-Za-z0-9][A-Za-z0-9_.-]*",
     params:
         model=model_flags(base_model()),
-        max_tokens_per_gpu=config["training"]["max_tokens_per_gpu"],
+        max_tokens_per_gpu=pipeline.data_token_cap(config),
         on_long=config["data"]["on_long"],
     log:
         "logs/validate/{task}.log",
