@@ -222,6 +222,6 @@ def test_8bit_on_two_ranks_with_uneven_shards_and_a_resume_on_one_rank_refused(d
     result = run_launcher(*base_flags(demo_dir, out, **flags))
     assert result.returncode == 0, result.stderr[-3000:]
     assert [row["step"] for row in read_metrics(out)] == [1, 2, 3]
-    result = run_launcher(*base_flags(demo_dir, out, **flags, resume=True), nproc=1)
+    result = train_in_process(*base_flags(demo_dir, out, **flags, resume=True))  # one rank
     assert result.returncode == 2, result.stderr[-3000:]
     assert "the state was saved by 2 ranks, this run has 1" in result.stderr
