@@ -9,7 +9,8 @@ Every method satisfies the `TrainingMethod` protocol. The one hook that needs fa
 run gets them in a `MethodContext` (runtime, output folder, the state resumed from), never from
 globals or the arguments; `describe()` is written to `OUT/method.json` (`write_description`).
 This module imports no method and no part of the loop: OSFT (`osft/method.py`) implements the
-protocol here, and `training/method.py`'s `make_method` picks the method a run uses.
+protocol here, and `training/method.py`'s `make_method` builds the method a run names
+(`--method`, registered in `mini_trainer/methods/`) from the run's `TrainingArgs`.
 
 Order of the hooks in a run:
 1. `adapt_model(model, context)`: on the meta-device model, before FSDP2 shards it (swap or add
@@ -74,6 +75,11 @@ class TrainingMethod(Protocol):
 
     def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]: ...
 
+    def step_metrics(self) -> dict[str, float]:
+        """The method's own figures of the step just taken, for its metrics.jsonl row (every
+        rank calls it after `after_optimizer_step`; it may reduce over ranks)."""
+        ...
+
     def describe(self) -> dict:
         """What this method did (JSON-able), once `adapt_model` has run."""
         ...
@@ -130,6 +136,9 @@ class FullFineTuning:
 
     name = "full"
 
+    def __init__(self, args=None):
+        """`args`: the run's `TrainingArgs` (every method is built from them; unused here)."""
+
     def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None:
         """Nothing to change: the model trains as loaded."""
 
@@ -147,6 +156,10 @@ class FullFineTuning:
 
     def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         return state
+
+    def step_metrics(self) -> dict[str, float]:
+        """No figures of its own."""
+        return {}
 
     def describe(self) -> dict:
         """What this method did, for the run's records (written beside training_args.json)."""

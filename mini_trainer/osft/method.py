@@ -279,6 +279,9 @@ class OSFT:
         pairs = [p for module in self._modules(model) for p in module.projection_pairs(False)]
         remove_frozen_components(pairs)
 
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
     def describe(self) -> dict:
         args = self.args
         return {

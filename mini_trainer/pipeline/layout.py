@@ -7,6 +7,7 @@
     results/data/{task}.split.{train,validation}.jsonl   split_validation (data.validation_fraction)
     results/data/{task | mix/name}.train.{index.parquet,summary.json}  validate
     results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
+    results/ewc_fisher/{method}/lr{lr}/stage{i}/{key}/   ewc_fisher of a stage's final weights
     results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
         final/                                       ... its only declared output
         best/                                        ... with a validation file (--save-best)
@@ -158,8 +159,19 @@ def data_summary(task: str) -> str:
 
 
 def method_options(config: Config, method: str) -> dict[str, Any]:
-    """The method's training options: `training` overridden by `methods.<method>.training`."""
-    return {**config["training"], **config["methods"][method].get("training", {})}
+    """The method's training options: `training` overridden by `methods.<method>.training`,
+    and the entry's `method:` (a registered method's name) as `method`."""
+    entry = config["methods"][method]
+    options = {**config["training"], **entry.get("training", {})}
+    if "method" in entry:
+        options["method"] = entry["method"]
+    return options
+
+
+def uses_method(options: dict[str, Any], name: str) -> bool:
+    """Whether training options select method `name` (`osft: true` is `method: osft`)."""
+    selected = options.get("method") or ("osft" if options.get("osft") else "sft")
+    return selected == name
 
 
 def svd_targets_key(options: dict[str, Any]) -> str:
@@ -194,9 +206,43 @@ def svd_target_patterns(config: Config, targets: str) -> list[str]:
     """The target patterns whose folder name is `targets` (see `svd_targets_key`)."""
     for method in config["methods"]:
         options = method_options(config, method)
-        if options.get("osft") and svd_targets_key(options) == targets:
+        if uses_method(options, "osft") and svd_targets_key(options) == targets:
             return options.get("osft_target_patterns") or []
     raise PipelineError(f"no OSFT method in the config uses targets {targets!r}")
+
+
+EWC_FISHER_DEFAULTS = {"gamma": 1.0, "batch_size": 8, "max_samples": None}
+"""`ewc-fisher`'s settings when a method's `ewc_fisher:` entry leaves them out."""
+
+
+def ewc_fisher_dir(run: str) -> str:
+    """The Fisher folder of a run's final weights (`results/train/...` -> `results/ewc_fisher/...`):
+    taken once, read by the next stage's job of every EWC method that starts from them."""
+    return "results/ewc_fisher/" + run.removeprefix("results/train/")
+
+
+def ewc_fisher_inputs(config: Config, source: str) -> dict[str, str]:
+    """Inputs of the Fisher of the run `source` (`{method}/lr{lr}/stage{i}/{key}`): its final
+    weights, its stage's training data, and for stage >= 2 the Fisher of the stage before
+    (online EWC accumulates)."""
+    method, lr, stage = parse_source(source.rsplit("/", 1)[0])
+    run = f"results/train/{source}"
+    if run_dir(config, method, lr, stage) != run:
+        raise PipelineError(f"{run}: not the run folder of {method} lr{lr} stage {stage} now")
+    inputs = {
+        "model": f"{run}/final",
+        "data": train_file(config, stage_dataset(config, method, stage)),
+    }
+    previous = _previous_run(config, method, lr, stage)
+    if previous is not None:
+        inputs["previous"] = ewc_fisher_dir(previous)
+    return inputs
+
+
+def ewc_fisher_settings(config: Config, source: str) -> dict[str, Any]:
+    """gamma, batch_size, max_samples of the Fisher of `source` (its method's `ewc_fisher:`)."""
+    method = source.split("/", 1)[0]
+    return {**EWC_FISHER_DEFAULTS, **config["methods"][method].get("ewc_fisher", {})}
 
 
 def start_model(config: Config, method: str, lr: str, stage: int) -> str:
@@ -229,7 +275,9 @@ def _stage_options(
     validation = validation_file(config, task)
     if validation:  # best/ is always kept, so evaluation.checkpoint retrains nothing
         options.update(validation_data_path=validation, save_best=True)
-    if options.get("osft"):
+    if uses_method(options, "ewc") and previous_run is not None:
+        options["ewc_fisher"] = ewc_fisher_dir(previous_run)
+    if uses_method(options, "osft"):
         options["osft_svd_cache"] = _svd_dir(config, method, previous_run)
     if options.get("wandb_project"):
         options["wandb_run_name"] = f"{method}-lr{lr}-stage{stage}-{task}"

@@ -61,6 +61,8 @@ class StepResult:
     stop_requested: bool
     routed: dict | None = None
     """A mixture of experts' `aux_loss` and `expert_tokens` (models/moe.py), else None."""
+    method: dict | None = None
+    """The method's own figures of the step (`TrainingMethod.step_metrics`), else None."""
 
 
 def train(args: TrainingArgs, runtime: Runtime) -> int:
@@ -277,6 +279,7 @@ class StepMetrics:
                 plan.num_tokens, int((lengths**2).sum()), step_time, self.world_size
             ),
             **(result.routed or {}),
+            **(result.method or {}),
         }
 
 
@@ -313,6 +316,7 @@ def train_step(
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     method.after_optimizer_step(model)
+    method_figures = method.step_metrics()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -327,6 +331,7 @@ def train_step(
         peak_memory_gb=peak_gb,
         stop_requested=bool(stop_flag),
         routed=routed or None,
+        method=method_figures or None,
     )
 
 
