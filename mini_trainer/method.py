@@ -62,6 +62,8 @@ class TrainingMethod(Protocol):
     """The hooks the training loop calls, in the order the module docstring lists."""
 
     name: str
+    state_bytes_per_trainable: int
+    """Bytes the method keeps per trainable element, sharded as the weights (the plan's line)."""
 
     def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None: ...
 
@@ -135,6 +137,9 @@ class FullFineTuning:
     """Every parameter trains; no projection; weights export as they are."""
 
     name = "full"
+    state_bytes_per_trainable = 0
+    """Bytes the method keeps per trainable parameter element, sharded as the weights (EWC's
+    Fisher and anchor: 8); what `mini-trainer plan` counts for it."""
 
     def __init__(self, args=None):
         """`args`: the run's `TrainingArgs` (every method is built from them; unused here)."""

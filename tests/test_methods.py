@@ -275,6 +275,24 @@ def test_ewc_on_two_ranks_logs_the_hand_computed_penalty_and_trains_as_one_rank(
         torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)
 
 
+def test_the_plan_counts_ewc_fisher_and_anchor_as_8_bytes_per_trainable_shard_element():
+    from mini_trainer.plan.inputs import Cluster, make_plan
+
+    model = str(helpers.REPO_ROOT / "tests/fixtures/plan/llama-3.1-8b")
+    cluster = Cluster(1, 8, 80.0, "cuda", None, None, None)
+    plans = {
+        m: make_plan(model, None, cluster, ["--max-tokens-per-gpu", "4096", "--method", m])
+        for m in ("sft", "ewc")
+    }
+    lines = {m: {x["name"]: x["bytes"] for x in p["per_gpu"]["lines"]} for m, p in plans.items()}
+    state = lines["ewc"].pop("method state (EWC: Fisher and anchor, fp32)")
+    del lines["ewc"]["allocator overhead"], lines["sft"]["allocator overhead"]  # % of the rest
+    assert state == 8 * plans["ewc"]["parameters"]["per_gpu_shard"] > 0  # every weight trains
+    assert lines["ewc"] == lines["sft"] and plans["ewc"]["training"]["method"] == "ewc"
+    phases = {m: p["per_gpu"]["phases"] for m, p in plans.items()}
+    assert all(phases["ewc"][k] == phases["sft"][k] + state for k in phases["sft"])
+
+
 # ---------------------------------------------------------------------------- interpolation
 
 
@@ -347,3 +365,34 @@ def test_the_methods_config_takes_each_ewc_stage_fisher_once_for_the_next_stage(
     assert settings == {"gamma": 1.0, "batch_size": 8, "max_samples": 256}
     with pytest.raises(pipeline.PipelineError, match="not the run folder"):
         pipeline.ewc_fisher_inputs(config, "ewc/lr0.01/stage1/0000000000")
+
+
+def test_the_methods_config_interpolates_each_sft_run_and_scores_it_as_a_series():
+    from snakemake.utils import validate
+
+    from mini_trainer import pipeline
+
+    config = pipeline.read_config_file(helpers.REPO_ROOT / "config/methods.yaml")
+    validate(config, str(helpers.REPO_ROOT / "workflow/schemas/config.schema.yaml"))
+    pipeline.check_config(config)
+    sources = [s for s in pipeline.eval_sources(config) if s.startswith("sft-wise50/")]
+    assert len(sources) == 2 * 3  # two learning rates, three stages
+    runs = [pipeline.run_dir(config, "sft", "0.01", stage) for stage in (1, 2)]
+    for stage, run in enumerate(runs, 1):
+        source = f"sft-wise50/lr0.01/stage{stage}"
+        folder = f"results/interpolate/{run.removeprefix('results/train/')}/wise50"
+        assert pipeline.eval_model(config, source) == folder
+        assert pipeline.eval_checkpoint(config, source) == folder
+        assert pipeline.evaluated_source(config, source) == source
+        inputs = pipeline.interpolation_inputs(config, run.removeprefix("results/train/"), "50")
+        previous = "resources/demo/model" if stage == 1 else f"{runs[0]}/final"
+        assert inputs == {"previous": previous, "new": f"{run}/final"}
+    manifest = pipeline.manifest_flags(config)
+    assert (
+        "--eval results/eval/sft-wise50/lr0.01/stage2/sort.json sft-wise50 0.01 2 sort" in manifest
+    )
+    for alphas, problem in (([0.333], "not a multiple of 0.01"), ([0.5, 0.5], "same alpha twice")):
+        bad = {**config, "methods": {**config["methods"]}}
+        bad["methods"]["sft"] = {**config["methods"]["sft"], "interpolation_alphas": alphas}
+        with pytest.raises(pipeline.ConfigError, match=problem):
+            pipeline.check_config(bad)

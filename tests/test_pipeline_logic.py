@@ -486,11 +486,11 @@ def test_options_are_the_fields_the_pipeline_does_not_set():
     assert list(options) == [f for f in fields if f not in schema.SET_BY_PIPELINE]
     assert set(schema.SET_BY_PIPELINE) <= set(fields)
     set_here = set(pipeline.training_options(small(), "sft", "0.01", 1))
-    # The train rule adds the output folder and --resume; OSFT, wandb, a validation file and a Hub
-    # model (its commit) add the others.
+    # The train rule adds the output folder and --resume; OSFT, EWC (stage 2 on), wandb, a
+    # validation file and a Hub model (its commit) add the others.
     assert set(schema.SET_BY_PIPELINE) - set_here == {
-        "output_dir", "resume", "osft_svd_cache", "wandb_run_name", "validation_data_path",
-        "save_best", "model_revision",
+        "output_dir", "resume", "osft_svd_cache", "ewc_fisher", "wandb_run_name",
+        "validation_data_path", "save_best", "model_revision",
     }  # fmt: skip
 
 

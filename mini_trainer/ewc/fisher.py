@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_path, hash_file
 from mini_trainer.methods.ewc import FISHER_META
-from mini_trainer.models.safetensors_file import read_header, read_tensor
+from mini_trainer.models.safetensors_file import TensorEntry, read_header, read_tensor
 
 log = logging.getLogger("mini_trainer")
 FISHER_FILE = "fisher.safetensors"
@@ -184,6 +184,10 @@ class FisherFolder:
     def tensors(self) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
         """(Fisher, anchor), whole, by parameter name."""
         return _read_all(self.folder / FISHER_FILE), _read_all(self.folder / ANCHOR_FILE)
+
+    def entries(self) -> tuple[dict[str, TensorEntry], dict[str, TensorEntry]]:
+        """(Fisher, anchor) headers, to read one tensor at a time (`read_tensor`)."""
+        return read_header(self.folder / FISHER_FILE), read_header(self.folder / ANCHOR_FILE)
 
     def check_model(self, model_dir: Path) -> None:
         """Refuse a folder taken at other weights than `model_dir`'s (the run's start)."""

@@ -21,8 +21,9 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from mini_trainer.distributed.runtime import all_reduce_sum, decided_on_main
 from mini_trainer.errors import UserError
-from mini_trainer.ewc.fisher import open_fisher
+from mini_trainer.ewc.fisher import FisherFolder, open_fisher
 from mini_trainer.method import FullFineTuning, MethodContext
+from mini_trainer.models.safetensors_file import read_tensor
 
 log = logging.getLogger("mini_trainer")
 WRAPPER_PREFIX = "model."
@@ -47,6 +48,8 @@ class EWC(FullFineTuning):
     """Elastic Weight Consolidation, online form (`methods/ewc.py`, `ewc/fisher.py`)."""
 
     name = "ewc"
+    state_bytes_per_trainable = 8
+    """F and theta* in fp32 on each trainable parameter's shard (with a Fisher folder)."""
 
     def __init__(self, args):
         self.args = args
@@ -74,7 +77,9 @@ class EWC(FullFineTuning):
     def _load(self, model: nn.Module) -> list[tuple[nn.Parameter, Tensor, Tensor]]:
         """(parameter, F rows, theta* rows) of every trainable parameter, on its device."""
         if self._terms is None:
-            fisher, anchor = open_fisher(Path(self.args.ewc_fisher)).tensors()
+            # checked on rank 0 in adapt_model; every rank reads one tensor at a time
+            folder = FisherFolder(Path(self.args.ewc_fisher), self.meta or {})
+            fisher, anchor = folder.entries()
             terms = []
             for name, param in model.named_parameters():
                 key = name.removeprefix(WRAPPER_PREFIX)
@@ -90,8 +95,8 @@ class EWC(FullFineTuning):
                 device = local(param).device
                 terms.append((
                     param,
-                    shard_like(param, fisher[key]).to(device),
-                    shard_like(param, anchor[key]).to(device),
+                    shard_like(param, read_tensor(fisher[key]).float()).to(device),
+                    shard_like(param, read_tensor(anchor[key]).float()).to(device),
                 ))  # fmt: skip
             self._terms = terms
         return self._terms

@@ -66,6 +66,8 @@ class OSFT:
     """Orthogonal Subspace Fine-Tuning (arXiv:2504.07097) behind the method hooks."""
 
     name = "osft"
+    state_bytes_per_trainable = 0
+    """No state beside the factors (which the plan counts as parameters)."""
 
     def __init__(self, args):
         self.args = args

@@ -19,6 +19,7 @@ import yaml
 from mini_trainer.errors import UserError
 from mini_trainer.pipeline.data import DataConfigError, check_data_config
 from mini_trainer.pipeline.errors import ConfigError
+from mini_trainer.pipeline.interpolation import interpolation_problems
 from mini_trainer.pipeline.layout import (
     DEMO_TASKS,
     Config,
@@ -105,6 +106,8 @@ def check_config(config: Config) -> None:
         for lr in reprs:
             check_method_options(config, name, lr)
     _check_validation(config, None)
+    for key, problem in interpolation_problems(config):
+        raise ConfigError(key, problem)
 
 
 VALIDATION_OPTIONS = (

@@ -11,6 +11,7 @@
     results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
         final/                                       ... its only declared output
         best/                                        ... with a validation file (--save-best)
+    results/interpolate/{method}/lr{lr}/stage{i}/{key}/wise{pct}/   interpolate (WiSE-FT)
     results/eval/{base | method/lr{lr}/stage{i}}/{task}.json                  evaluate
     results/manifest.json, results/report/report.html                 manifest, report
 
@@ -27,6 +28,7 @@ from typing import Any
 from mini_trainer.pipeline import data
 from mini_trainer.pipeline.errors import Config, PipelineError
 from mini_trainer.pipeline.hub import model_revision
+from mini_trainer.pipeline.interpolation import interpolated_series
 
 DEMO_DIR = "resources/demo"
 # The tasks `mini-trainer demo-assets` builds (mini_trainer/demo/tasks.py; a test keeps them equal;
@@ -349,7 +351,34 @@ def final_dir(config: Config, method: str, lr: str, stage: int) -> str:
 
 
 def eval_sources(config: Config) -> list[str]:
-    return [BASE] + [f"{m}/lr{lr}/stage{s}" for m, lr, s in sweep(config)]
+    """The base model, every run, then every interpolated checkpoint (`interpolation.py`)."""
+    sources = [BASE] + [f"{m}/lr{lr}/stage{s}" for m, lr, s in sweep(config)]
+    for series, (method, _) in interpolated_series(config).items():
+        sources += [f"{series}/lr{lr}/stage{s}" for m, lr, s in sweep(config) if m == method]
+    return sources
+
+
+def interpolation_dir(config: Config, series: str, lr: str, stage: int) -> str:
+    """The interpolated checkpoint of series `series` (`<method>-wise<pct>`) at (lr, stage)."""
+    method, pct = interpolated_series(config)[series]
+    run = run_dir(config, method, lr, stage).removeprefix("results/train/")
+    return f"results/interpolate/{run}/wise{pct}"
+
+
+def interpolation_inputs(config: Config, source: str, pct: str) -> dict[str, str]:
+    """`previous` (the run's start) and `new` (its final/) of `results/interpolate/{source}`
+    (`{method}/lr{lr}/stage{i}/{key}`, the run folder's path) at `pct` percent."""
+    method, lr, stage = parse_source(source.rsplit("/", 1)[0])
+    run = f"results/train/{source}"
+    if run_dir(config, method, lr, stage) != run:
+        raise PipelineError(f"{run}: not the run folder of {method} lr{lr} stage {stage} now")
+    previous = start_model(config, method, lr, stage)
+    if stage == 1 and model_revision(config, previous):
+        raise PipelineError(
+            f"config: methods.{method}.interpolation_alphas: stage 1 needs a local base model "
+            f"folder ({previous} is a Hub id)"
+        )
+    return {"previous": previous, "new": f"{run}/final"}
 
 
 def parse_source(source: str) -> tuple[str, str, int] | None:
@@ -369,7 +398,11 @@ def parse_source(source: str) -> tuple[str, str, int] | None:
 
 def eval_model(config: Config, source: str) -> str:
     parsed = parse_source(source)
-    return base_model(config) if parsed is None else final_dir(config, *parsed)
+    if parsed is None:
+        return base_model(config)
+    if parsed[0] in interpolated_series(config):
+        return interpolation_dir(config, *parsed)
+    return final_dir(config, *parsed)
 
 
 def eval_checkpoint(config: Config, source: str) -> str:
@@ -378,7 +411,8 @@ def eval_checkpoint(config: Config, source: str) -> str:
     best/ is not a declared output (not every run has one); the evaluate rule depends on
     final/, written after best/."""
     parsed = parse_source(source)
-    if parsed is None or config["evaluation"]["checkpoint"] == "final":
+    interpolated = parsed is not None and parsed[0] in interpolated_series(config)
+    if parsed is None or interpolated or config["evaluation"]["checkpoint"] == "final":
         return eval_model(config, source)
     return f"{run_dir(config, *parsed)}/best"
 
@@ -402,7 +436,7 @@ def evaluated_source(config: Config, source: str) -> str:
     """The source whose evaluation stands for `source`'s: itself, or for a run shared with an
     earlier method (same run key, see `_sweep_run_dirs`) that method's, evaluated once."""
     parsed = parse_source(source)
-    if parsed is None:
+    if parsed is None or parsed[0] in interpolated_series(config):
         return source
     return run_dir(config, *parsed).removeprefix("results/train/").rsplit("/", 1)[0]
 

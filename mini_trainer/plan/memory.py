@@ -206,6 +206,14 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
         gathered_kv(trace, setup),
         step_temporaries(counts, setup, on_gpu),
     ]
+    if counts.method_state_bytes:  # a line only for a method that keeps state (EWC)
+        lines.insert(2, Line(
+            "method state (EWC: Fisher and anchor, fp32)",
+            counts.method_state_bytes * on_gpu,
+            "counted",
+            PHASES,
+            "8 bytes per trainable element of the shard",
+        ))  # fmt: skip
     result = Memory([line for line in lines if line.bytes or line.source != "formula"])
     for phase in PHASES:
         result.phases[phase] = sum(line.bytes for line in result.lines if phase in line.phases)
