@@ -330,16 +330,25 @@ def test_interpolation_is_the_blend_and_alpha_1_is_the_new_weights_bit_for_bit(t
 # ---------------------------------------------------------------------------- the pipeline
 
 
-def test_the_methods_config_takes_each_ewc_stage_fisher_once_for_the_next_stage():
-    """config/methods.yaml, as the Snakefile sees it (validated, defaults filled in): every
-    method selected by name; EWC's stage i >= 2 reads the Fisher of stage i - 1, which the
-    ewc_fisher rule takes from that stage's final weights and data, on top of the one before."""
+def methods_config() -> dict:
+    """config/methods.yaml as the Snakefile sees it: validated, defaults filled in, checked."""
     from snakemake.utils import validate
 
     from mini_trainer import pipeline
 
     config = pipeline.read_config_file(helpers.REPO_ROOT / "config/methods.yaml")
     validate(config, str(helpers.REPO_ROOT / "workflow/schemas/config.schema.yaml"))
+    pipeline.check_config(config)
+    return config
+
+
+def test_the_methods_config_takes_each_ewc_stage_fisher_once_for_the_next_stage():
+    """config/methods.yaml, as the Snakefile sees it (validated, defaults filled in): every
+    method selected by name; EWC's stage i >= 2 reads the Fisher of stage i - 1, which the
+    ewc_fisher rule takes from that stage's final weights and data, on top of the one before."""
+    from mini_trainer import pipeline
+
+    config = methods_config()
     assert {pipeline.method_options(config, m).get("method", "sft") for m in config["methods"]} == {
         "sft", "osft", "ewc"
     }  # fmt: skip
@@ -368,13 +377,9 @@ def test_the_methods_config_takes_each_ewc_stage_fisher_once_for_the_next_stage(
 
 
 def test_the_methods_config_interpolates_each_sft_run_and_scores_it_as_a_series():
-    from snakemake.utils import validate
-
     from mini_trainer import pipeline
 
-    config = pipeline.read_config_file(helpers.REPO_ROOT / "config/methods.yaml")
-    validate(config, str(helpers.REPO_ROOT / "workflow/schemas/config.schema.yaml"))
-    pipeline.check_config(config)
+    config = methods_config()
     sources = [s for s in pipeline.eval_sources(config) if s.startswith("sft-wise50/")]
     assert len(sources) == 2 * 3  # two learning rates, three stages
     runs = [pipeline.run_dir(config, "sft", "0.01", stage) for stage in (1, 2)]
@@ -396,3 +401,25 @@ def test_the_methods_config_interpolates_each_sft_run_and_scores_it_as_a_series(
         bad["methods"]["sft"] = {**config["methods"]["sft"], "interpolation_alphas": alphas}
         with pytest.raises(pipeline.ConfigError, match=problem):
             pipeline.check_config(bad)
+
+
+def test_the_multitask_bound_is_one_run_from_the_base_model_on_every_stage_data():
+    from mini_trainer import pipeline
+
+    config = methods_config()
+    runs = [(lr, s) for m, lr, s in pipeline.sweep(config) if m == "multitask"]
+    assert runs == [("0.003", 3), ("0.01", 3)]  # only the last stage, per learning rate
+    options = pipeline.training_options(config, "multitask", "0.01", 3)
+    assert options["model_name_or_path"] == "resources/demo/model"
+    assert options["data_path"] == "results/data/mix/sort_plus1-replay1.0.jsonl"
+    assert pipeline.mix_inputs(config, "sort_plus1-replay1.0") == [
+        ("resources/demo/data/sort_plus1.train.jsonl", "weight", "1.0"),
+        ("resources/demo/data/sort.train.jsonl", "replay", "1.0"),
+        ("resources/demo/data/sort_desc.train.jsonl", "replay", "1.0"),
+    ]
+    assert "multitask/lr0.01/stage3" in pipeline.eval_sources(config)
+    assert "multitask/lr0.01/stage1" not in pipeline.eval_sources(config)
+    bad = {**config, "methods": {**config["methods"]}}
+    bad["methods"]["multitask"] = {**config["methods"]["multitask"], "replay_fraction": 0.5}
+    with pytest.raises(pipeline.ConfigError, match="not with multitask"):
+        pipeline.check_config(bad)

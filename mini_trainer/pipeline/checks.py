@@ -23,6 +23,7 @@ from mini_trainer.pipeline.interpolation import interpolation_problems
 from mini_trainer.pipeline.layout import (
     DEMO_TASKS,
     Config,
+    first_stage,
     lr_str,
     run_dir,
     training_options,
@@ -180,8 +181,9 @@ def _check_stages(config: Config) -> None:
 
 def method_training_args(config: Config, method: str, lr: str) -> TrainingArgs:
     """The `TrainingArgs` of (method, lr)'s first stage, as its job will build them."""
-    options = training_options(config, method, lr, 1)
-    return TrainingArgs(**options, output_dir=run_dir(config, method, lr, 1))
+    stage = first_stage(config, method)
+    options = training_options(config, method, lr, stage)
+    return TrainingArgs(**options, output_dir=run_dir(config, method, lr, stage))
 
 
 def check_method_options(config: Config, method: str, lr: str) -> None:

@@ -57,13 +57,19 @@ def lr_value(config: Config, method: str, lr: str) -> float:
     raise PipelineError(f"learning rate {lr} is not in config: methods.{method}.learning_rates")
 
 
+def first_stage(config: Config, method: str) -> int:
+    """The first stage `method` trains: 1, or the last for the multi-task bound
+    (`multitask: true`: one run, from the base model, on every stage's data)."""
+    return len(config["stages"]) if data.is_multitask(config, method) else 1
+
+
 def sweep(config: Config) -> list[tuple[str, str, int]]:
     """Every (method, lr as in paths, stage number) the config trains, stages 1-based."""
     return [
         (method, lr_str(lr), stage)
         for method, spec in config["methods"].items()
         for lr in spec["learning_rates"]
-        for stage in range(1, len(config["stages"]) + 1)
+        for stage in range(first_stage(config, method), len(config["stages"]) + 1)
     ]
 
 
@@ -311,6 +317,9 @@ def _sweep_run_dirs(config: Config, lr: str) -> dict[str, list[str]]:
     for s in range(1, len(config["stages"]) + 1):
         by_key: dict[str, str] = {}
         for m in methods:
+            if s < first_stage(config, m):  # the multi-task bound has no run before the last
+                dirs[m].append(None)
+                continue
             previous = dirs[m][-1] if dirs[m] else None
             options = _stage_options(config, m, lr, s, previous)
             key = short_hash(
