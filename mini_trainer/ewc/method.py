@@ -105,10 +105,12 @@ class EWC(FullFineTuning):
         """Add lambda F (theta - theta*) to each gradient shard; keep the local penalty."""
         if self.args.ewc_fisher is None:
             return
-        penalty = torch.zeros((), dtype=torch.float64)
-        for param, fisher, anchor in self._load(model):
+        terms = self._load(model)
+        device = terms[0][1].device if terms else "cpu"
+        penalty = torch.zeros((), dtype=torch.float64, device=device)  # no host sync per term
+        for param, fisher, anchor in terms:
             diff = local(param).detach().float() - anchor
-            penalty += (fisher * diff * diff).sum().double().cpu()
+            penalty += (fisher * diff * diff).sum().double()
             if self.lam and param.grad is not None:
                 grad = local(param.grad)
                 grad.add_((fisher * diff).to(grad.dtype), alpha=self.lam)
@@ -118,7 +120,7 @@ class EWC(FullFineTuning):
         """`ewc_penalty`: lambda/2 sum F (theta - theta*)^2 at the step's weights, all ranks."""
         if self._penalty is None:
             return {}
-        value = float(self._penalty)
+        value = float(self._penalty)  # the step's one host sync for the penalty
         if self.runtime is not None:
             (value,) = all_reduce_sum([value], self.runtime)
         return {"ewc_penalty": value}
