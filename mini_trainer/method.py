@@ -18,6 +18,8 @@ Order of the hooks in a run:
 2. `convert_weights(state)`: on rank 0, the dense checkpoint's fp32 tensors become the adapted
    model's state (e.g. dense W to factors); the result is broadcast into the shards.
 3. `param_groups(model, weight_decay)`: what the optimizer trains, and with which decay.
+   Per micro-batch: `micro_batch_loss(micro, attention_kwargs)`, the loss it trains on (None:
+   the model's own; LwF: cross-entropy plus the distillation term from its teacher).
 4. per step: `before_optimizer_step(model)` once the gradients are summed over micro-batches
    and ranks, before the clip (so the clip and the logged norm see what the hook leaves), and
    `after_optimizer_step(model)` after `optimizer.step()`.
@@ -70,6 +72,11 @@ class TrainingMethod(Protocol):
     def convert_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]: ...
 
     def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]: ...
+
+    def micro_batch_loss(self, micro, attention_kwargs: dict):
+        """The loss this micro-batch trains on (a `training/loss.py` LossFn, which may close over
+        what the method computed for it, e.g. LwF's teacher), or None for the model's own."""
+        ...
 
     def before_optimizer_step(self, model: nn.Module) -> None: ...
 
@@ -152,6 +159,10 @@ class FullFineTuning:
 
     def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]:
         return decay_param_groups(model, weight_decay)
+
+    def micro_batch_loss(self, micro, attention_kwargs: dict):
+        """The model's own loss."""
+        return None
 
     def before_optimizer_step(self, model: nn.Module) -> None:
         """Gradients are used as they are."""

@@ -206,6 +206,42 @@ def test_ewc_penalty_and_its_gradient_match_autograd_of_the_formula(tiny, tmp_pa
         torch.testing.assert_close(param.grad, expected, rtol=1e-6, atol=1e-9)
 
 
+def test_lwf_kl_is_the_full_logits_formula_in_value_and_gradient():
+    """Chunked, checkpointed KL(teacher_T || student_T) over the loss rows against the formula
+    on whole logits (fp64), with the head's bias, scale and soft-cap; all tokens kept (exact),
+    then the teacher's top 3 (the formula restricted to them)."""
+    from mini_trainer.training.lwf import distillation_kl, teacher_top_k
+
+    gen = torch.Generator().manual_seed(0)
+    n, h, v, temperature = 11, 8, 13, 2.0
+    hidden = torch.randn(n, h, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(v, h, generator=gen, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(v, generator=gen, dtype=torch.float64)
+    t_hidden = torch.randn(n, h, generator=gen, dtype=torch.float64)
+    t_weight = torch.randn(v, h, generator=gen, dtype=torch.float64)
+    rows = torch.tensor([0, 2, 3, 5, 6, 7, 10])
+    head = {"bias": bias, "logit_scale": 0.5, "softcap": 3.0}
+
+    def logits_of(x, w):
+        return 3.0 * torch.tanh((x @ w.T + bias) * 0.5 / 3.0)
+
+    for k in (v, 3):
+        top = teacher_top_k(t_hidden, t_weight, rows, temperature, k, chunk_size=2, **head)
+        got = distillation_kl(hidden, weight, rows, top, temperature, chunk_size=3, **head)
+        got_grads = torch.autograd.grad(got, (hidden, weight))
+        log_p = torch.log_softmax(logits_of(t_hidden[rows], t_weight) / temperature, dim=1)
+        log_q = torch.log_softmax(logits_of(hidden[rows], weight) / temperature, dim=1)
+        kept = torch.zeros_like(log_p, dtype=torch.bool)
+        kept.scatter_(1, log_p.topk(k, dim=1).indices, True)
+        terms = log_p.exp() * (log_p - log_q)
+        expected = torch.where(kept, terms, torch.zeros_like(terms)).sum()
+        expected_grads = torch.autograd.grad(expected, (hidden, weight))
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+        for a, b in zip(got_grads, expected_grads, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+    assert got > 1e-3  # a real term, not an empty sum
+
+
 def ewc_flags(demo_dir, out, **extra):
     return base_flags(
         demo_dir, out, task="sort_desc", **{"training-mode": "step", "max-steps": 3,
@@ -224,21 +260,26 @@ def demo_fisher(demo_dir, tmp_path_factory):
     return out
 
 
-def test_ewc_at_lambda_0_trains_sft_bit_for_bit_and_a_positive_lambda_does_not(
+def test_ewc_lambda_0_and_lwf_weight_0_train_sft_bit_for_bit_and_positive_ones_do_not(
     demo_dir, demo_fisher, tmp_path
 ):
     runs = {
         "sft": {},
         "ewc0": {"method": "ewc", "ewc-lambda": 0.0, "ewc-fisher": demo_fisher},
         "ewc": {"method": "ewc", "ewc-lambda": 1e4, "ewc-fisher": demo_fisher},
+        "lwf0": {"method": "lwf", "lwf-weight": 0.0},
+        "lwf": {"method": "lwf", "lwf-weight": 1.0, "lwf-temperature": 2.0},
     }
     weights = {}
     for name, extra in runs.items():
         result = train_in_process(*ewc_flags(demo_dir, tmp_path / name, **extra))
         assert result.returncode == 0, result.stderr[-3000:]
         weights[name] = load_file(tmp_path / name / "final" / "model.safetensors")
-    assert all(torch.equal(weights["sft"][k], weights["ewc0"][k]) for k in weights["sft"])
-    assert not all(torch.equal(weights["sft"][k], weights["ewc"][k]) for k in weights["sft"])
+    for same, other in (("ewc0", "ewc"), ("lwf0", "lwf")):
+        assert all(torch.equal(weights["sft"][k], weights[same][k]) for k in weights["sft"])
+        assert not all(torch.equal(weights["sft"][k], weights[other][k]) for k in weights["sft"])
+    kl = [row["lwf_kl"] for row in read_metrics(tmp_path / "lwf")]
+    assert abs(kl[0]) < 1e-6 and kl[-1] > 1e-4  # the teacher is the start: equal at step 1
     penalties = [row["ewc_penalty"] for row in read_metrics(tmp_path / "ewc")]
     assert penalties[0] == 0.0 and penalties[-1] > 0  # step 1 is at the anchor itself
     assert json.loads((tmp_path / "ewc" / "method.json").read_text())["method"] == "ewc"
@@ -350,7 +391,7 @@ def test_the_methods_config_takes_each_ewc_stage_fisher_once_for_the_next_stage(
 
     config = methods_config()
     assert {pipeline.method_options(config, m).get("method", "sft") for m in config["methods"]} == {
-        "sft", "osft", "ewc"
+        "sft", "osft", "ewc", "lwf"
     }  # fmt: skip
     assert pipeline.training_options(config, "osft", "0.01", 1)["osft_svd_cache"]
     assert "ewc_fisher" not in pipeline.training_options(config, "ewc", "0.01", 1)

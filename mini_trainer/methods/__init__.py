@@ -10,6 +10,7 @@ line in `REGISTERED` below, and its tests (docs/architecture.md).
 from __future__ import annotations
 
 from mini_trainer.methods.ewc import EWCOptions
+from mini_trainer.methods.lwf import LwFOptions
 from mini_trainer.methods.options import MethodOptions
 from mini_trainer.methods.osft import OSFTOptions
 from mini_trainer.methods.sft import SFTOptions
@@ -18,6 +19,7 @@ REGISTERED: tuple[type[MethodOptions], ...] = (
     SFTOptions,
     OSFTOptions,
     EWCOptions,
+    LwFOptions,
 )
 """Every method, in the order `--help` and the report list them."""
 

@@ -284,6 +284,9 @@ class OSFT:
     def step_metrics(self) -> dict[str, float]:
         return {}
 
+    def micro_batch_loss(self, micro, attention_kwargs: dict):
+        return None
+
     def describe(self) -> dict:
         args = self.args
         return {

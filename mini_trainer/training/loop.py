@@ -298,9 +298,10 @@ def train_step(
         micro = host_micro.to(runtime.device, non_blocking=runtime.is_cuda)
         if args.defer_grad_sync:  # reduce-scatter only after the step's last micro-batch
             model.set_requires_gradient_sync(index == len(micro_batches) - 1)
+        kwargs = attention_kwargs(attention, micro)
         loss = model(
             micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
-            router=router, **attention_kwargs(attention, micro),
+            loss_fn=method.micro_batch_loss(micro, kwargs), router=router, **kwargs,
         )  # fmt: skip
         (loss * scale).backward()
         loss_sum += loss.detach().double()
