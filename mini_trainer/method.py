@@ -147,6 +147,9 @@ class FullFineTuning:
     state_bytes_per_trainable = 0
     """Bytes the method keeps per trainable parameter element, sharded as the weights (EWC's
     Fisher and anchor: 8); what `mini-trainer plan` counts for it."""
+    keeps_teacher = False
+    """A second, frozen copy of the model sharded as the student (LwF's teacher); the plan
+    counts its parameter shard."""
 
     def __init__(self, args=None):
         """`args`: the run's `TrainingArgs` (every method is built from them; unused here)."""

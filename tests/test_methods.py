@@ -316,7 +316,7 @@ def test_ewc_on_two_ranks_logs_the_hand_computed_penalty_and_trains_as_one_rank(
         torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)
 
 
-def test_the_plan_counts_ewc_fisher_and_anchor_as_8_bytes_per_trainable_shard_element():
+def test_the_plan_counts_ewc_fisher_and_anchor_and_the_lwf_teacher_shard():
     from mini_trainer.plan.inputs import Cluster, make_plan
 
     model = str(helpers.REPO_ROOT / "tests/fixtures/plan/llama-3.1-8b")
@@ -332,6 +332,9 @@ def test_the_plan_counts_ewc_fisher_and_anchor_as_8_bytes_per_trainable_shard_el
     assert lines["ewc"] == lines["sft"] and plans["ewc"]["training"]["method"] == "ewc"
     phases = {m: p["per_gpu"]["phases"] for m, p in plans.items()}
     assert all(phases["ewc"][k] == phases["sft"][k] + state for k in phases["sft"])
+    lwf = make_plan(model, None, cluster, ["--max-tokens-per-gpu", "4096", "--method", "lwf"])
+    teacher = {x["name"]: x["bytes"] for x in lwf["per_gpu"]["lines"]}
+    assert teacher["teacher parameter shard (bf16, LwF)"] == 2 * lwf["parameters"]["per_gpu_shard"]
 
 
 # ---------------------------------------------------------------------------- interpolation

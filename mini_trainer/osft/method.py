@@ -68,6 +68,7 @@ class OSFT:
     name = "osft"
     state_bytes_per_trainable = 0
     """No state beside the factors (which the plan counts as parameters)."""
+    keeps_teacher = False
 
     def __init__(self, args):
         self.args = args

@@ -66,6 +66,8 @@ class Counts:
     """Elements of the exported Hugging Face weights (OSFT targets as dense again)."""
     method_state_bytes: int = 0
     """This rank's bytes of the method's own sharded state (EWC: Fisher and anchor, fp32)."""
+    teacher_shard_params: int = 0
+    """This rank's elements of a frozen teacher's parameters (LwF; 0 without one)."""
     expert_params: int = 0
     """Of total_params: the routed experts' (a mixture of experts; 0 for a dense model)."""
     active_params: int = 0
@@ -107,7 +109,9 @@ def build(config, args):
         method = PlannedOSFT(args)
     else:  # the method's own class says what it keeps; its hooks need no files here
         method = FullFineTuning(args)
-        method.state_bytes_per_trainable = method_class(args.method).state_bytes_per_trainable
+        chosen = method_class(args.method)
+        method.state_bytes_per_trainable = chosen.state_bytes_per_trainable
+        method.keeps_teacher = chosen.keeps_teacher
     context = MethodContext(None, Path(args.output_dir or "."), None)  # a fresh start
     try:
         wrapped = meta_model(
@@ -175,6 +179,7 @@ def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts
         + sum(max(1, t.experts) * t.rows * t.cols for t in targets.values() if t.factorized)
     )
     counts.method_state_bytes = counts.shard_trainable * method.state_bytes_per_trainable
+    counts.teacher_shard_params = counts.shard_params if method.keeps_teacher else 0
     counts.expert_params = expert_parameters(wrapped)
     fraction = active_fraction(wrapped.model)
     counts.active_params = counts.total_params - round(counts.expert_params * (1 - fraction))

@@ -107,6 +107,8 @@ class LwF(FullFineTuning):
     """Learning without Forgetting by self-distillation (`methods/lwf.py`)."""
 
     name = "lwf"
+    keeps_teacher = True
+    """The plan counts the teacher's parameter shard (bf16 on a GPU, fp32 on the CPU)."""
 
     def __init__(self, args):
         self.args = args
