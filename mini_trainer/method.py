@@ -9,7 +9,8 @@ Every method satisfies the `TrainingMethod` protocol. The one hook that needs fa
 run gets them in a `MethodContext` (runtime, output folder, the state resumed from), never from
 globals or the arguments; `describe()` is written to `OUT/method.json` (`write_description`).
 This module imports no method and no part of the loop: OSFT (`osft/method.py`) implements the
-protocol here, and `training/method.py`'s `make_method` picks the method a run uses.
+protocol here, and `training/method.py`'s `make_method` builds the method a run names
+(`--method`, registered in `mini_trainer/methods/`) from the run's `TrainingArgs`.
 
 Order of the hooks in a run:
 1. `adapt_model(model, context)`: on the meta-device model, before FSDP2 shards it (swap or add
@@ -17,6 +18,8 @@ Order of the hooks in a run:
 2. `convert_weights(state)`: on rank 0, the dense checkpoint's fp32 tensors become the adapted
    model's state (e.g. dense W to factors); the result is broadcast into the shards.
 3. `param_groups(model, weight_decay)`: what the optimizer trains, and with which decay.
+   Per micro-batch: `micro_batch_loss(micro, attention_kwargs)`, the loss it trains on (None:
+   the model's own; LwF: cross-entropy plus the distillation term from its teacher).
 4. per step: `before_optimizer_step(model)` once the gradients are summed over micro-batches
    and ranks, before the clip (so the clip and the logged norm see what the hook leaves), and
    `after_optimizer_step(model)` after `optimizer.step()`.
@@ -61,6 +64,8 @@ class TrainingMethod(Protocol):
     """The hooks the training loop calls, in the order the module docstring lists."""
 
     name: str
+    state_bytes_per_trainable: int
+    """Bytes the method keeps per trainable element, sharded as the weights (the plan's line)."""
 
     def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None: ...
 
@@ -68,11 +73,21 @@ class TrainingMethod(Protocol):
 
     def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]: ...
 
+    def micro_batch_loss(self, micro, attention_kwargs: dict):
+        """The loss this micro-batch trains on (a `training/loss.py` LossFn, which may close over
+        what the method computed for it, e.g. LwF's teacher), or None for the model's own."""
+        ...
+
     def before_optimizer_step(self, model: nn.Module) -> None: ...
 
     def after_optimizer_step(self, model: nn.Module) -> None: ...
 
     def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]: ...
+
+    def step_metrics(self) -> dict[str, float]:
+        """The method's own figures of the step just taken, for its metrics.jsonl row (every
+        rank calls it after `after_optimizer_step`; it may reduce over ranks)."""
+        ...
 
     def describe(self) -> dict:
         """What this method did (JSON-able), once `adapt_model` has run."""
@@ -129,6 +144,15 @@ class FullFineTuning:
     """Every parameter trains; no projection; weights export as they are."""
 
     name = "full"
+    state_bytes_per_trainable = 0
+    """Bytes the method keeps per trainable parameter element, sharded as the weights (EWC's
+    Fisher and anchor: 8); what `mini-trainer plan` counts for it."""
+    keeps_teacher = False
+    """A second, frozen copy of the model sharded as the student (LwF's teacher); the plan
+    counts its parameter shard."""
+
+    def __init__(self, args=None):
+        """`args`: the run's `TrainingArgs` (every method is built from them; unused here)."""
 
     def adapt_model(self, model: nn.Module, context: MethodContext | None = None) -> None:
         """Nothing to change: the model trains as loaded."""
@@ -139,6 +163,10 @@ class FullFineTuning:
     def param_groups(self, model: nn.Module, weight_decay: float) -> list[dict]:
         return decay_param_groups(model, weight_decay)
 
+    def micro_batch_loss(self, micro, attention_kwargs: dict):
+        """The model's own loss."""
+        return None
+
     def before_optimizer_step(self, model: nn.Module) -> None:
         """Gradients are used as they are."""
 
@@ -147,6 +175,10 @@ class FullFineTuning:
 
     def export_weights(self, state: dict[str, Tensor]) -> dict[str, Tensor]:
         return state
+
+    def step_metrics(self) -> dict[str, float]:
+        """No figures of its own."""
+        return {}
 
     def describe(self) -> dict:
         """What this method did, for the run's records (written beside training_args.json)."""

@@ -15,10 +15,13 @@ import math
 import sys
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from mini_trainer.errors import UserError
+from mini_trainer.methods import METHOD_NAMES, METHODS, REGISTERED
+from mini_trainer.methods.options import MethodOptions, option
+from mini_trainer.methods.osft import OSFT_RANK_MODES  # noqa: F401 (its old home)
 from mini_trainer.optimizer_options import OPTIMIZERS, PARAM_DTYPES, optimizer_problems
 from mini_trainer.validation_options import (
     VAL_METRICS,
@@ -40,26 +43,17 @@ SCHEDULERS = (
 SCHEDULERS_NEEDING_TOTAL = ("linear", "cosine", "cosine_with_restarts", "polynomial")
 TRAINING_MODES = ("epoch", "step", "token", "infinite")
 SAVE_DTYPES = ("float32", "bfloat16", "float16")
-OSFT_RANK_MODES = ("uniform", "adaptive")
 RESUME_AUTO = "auto"
 """`--resume auto`: start, continue, or move an unsaved attempt aside (training/run_folder.py)."""
 
 
-def _arg(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:
-    """A dataclass field whose help text becomes the CLI flag's help.
-
-    Other metadata: `nargs`; `choices` and the bounds `minimum`, `maximum`, `exclusive_minimum`,
-    `exclusive_maximum`, which the pipeline's config schema is generated from
-    (`python -m mini_trainer.pipeline.schema --write`) and a test checks `_problems` enforces.
-    """
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, **kwargs})
-    return field(default=default, metadata={"help": help, **kwargs})
+_arg = option
+"""A field with its flag's help and checks' metadata (`methods/options.py`)."""
 
 
 @dataclass
-class TrainingArgs:
-    """Arguments of one training job; see docs/training.md for the flags."""
+class _RunOptions:
+    """The options every method shares (each method's own are its group's, `methods/`)."""
 
     model_name_or_path: str = _arg(
         help="Model to fine-tune: a local Hugging Face folder, or a Hub id ORG/NAME."
@@ -86,24 +80,11 @@ class TrainingArgs:
     )
     seed: int = _arg(42, "Seeds the sample order, and every rank's RNGs.", minimum=0)
     use_liger_kernels: bool = _arg(False, "Liger fused linear cross-entropy (CUDA only).")
-    osft: bool = _arg(
-        False,
-        "Orthogonal Subspace Fine-Tuning: each targeted weight trains only outside its top "
-        "singular subspace (docs/osft.md).",
-    )
-    osft_unfreeze_rank_ratio: float | None = _arg(
-        None,
-        "OSFT: share of each targeted weight's rank that trains, 0.0 (none: the weight is "
-        "frozen) to 1.0 (all: plain training); required with --osft in uniform rank mode, "
-        "ignored in adaptive mode.",
-        minimum=0,
-        maximum=1,
-    )
-    osft_target_patterns: list[str] | None = _arg(
-        None,
-        "OSFT: substrings of parameter names to factorize (default: the q/k/v/o and "
-        "gate/up/down projections, or the model family's names for them).",
-        nargs="+",
+    method: str = _arg(
+        "sft",
+        f"Training method: {', '.join(METHOD_NAMES)} (docs/training.md); each method's own "
+        "options need it (--osft is the same as --method osft).",
+        choices=METHOD_NAMES,
     )
     max_epochs: int = _arg(1, "Epochs to train (training mode epoch).", minimum=1)
     max_steps: int | None = _arg(
@@ -171,32 +152,6 @@ class TrainingArgs:
         "stochastic rounding; not with --osft).",
         choices=PARAM_DTYPES,
     )
-    osft_svd_cache: str | None = _arg(
-        None,
-        "OSFT: folder written by `mini-trainer osft-svd` (checked, then used instead of "
-        "computing the SVD).",
-    )
-    osft_freeze_non_targets: bool = _arg(
-        False, "OSFT: also freeze what is not targeted (embeddings, norms, LM head, biases)."
-    )
-    osft_rank_mode: str = _arg(
-        "uniform",
-        f"OSFT: {' or '.join(OSFT_RANK_MODES)}; adaptive freezes more of the layers whose "
-        "output is most similar to their input.",
-        choices=OSFT_RANK_MODES,
-    )
-    osft_min_frozen_ratio: float = _arg(
-        0.1,
-        "OSFT adaptive: frozen share of the least similar layer (importance 0).",
-        minimum=0,
-        maximum=1,
-    )
-    osft_max_frozen_ratio: float = _arg(
-        0.8,
-        "OSFT adaptive: frozen share of a layer whose output equals its input.",
-        minimum=0,
-        maximum=1,
-    )
     # validation during training (training/validation.py)
     validation_data_path: str | None = _arg(
         None,
@@ -227,8 +182,15 @@ class TrainingArgs:
         0.0, "Least change of --best-metric that counts as an improvement.", minimum=0
     )
 
+
+@dataclass
+class TrainingArgs(*reversed(REGISTERED), _RunOptions):  # type: ignore[misc]
+    """Arguments of one training job; see docs/training.md for the flags. The options shared
+    by every method first, then each registered method's option group (`methods/`)."""
+
     def __post_init__(self) -> None:
-        problems = list(self._problems())
+        problems = list(self._select_method())
+        problems += [] if problems else list(self._problems())
         if problems:
             raise UserError(*problems)
 
@@ -256,7 +218,6 @@ class TrainingArgs:
         yield from _choice("lr_scheduler", self.lr_scheduler, SCHEDULERS)
         yield from _choice("training_mode", self.training_mode, TRAINING_MODES)
         yield from _choice("save_dtype", self.save_dtype, SAVE_DTYPES)
-        yield from _choice("osft_rank_mode", self.osft_rank_mode, OSFT_RANK_MODES)
         if not (self.resume is True or self.resume is False or self.resume == RESUME_AUTO):
             yield f"--resume: unknown value {self.resume!r} (give no value, or {RESUME_AUTO})"
         if self.training_mode in TRAINING_MODES:
@@ -273,10 +234,6 @@ class TrainingArgs:
             yield f"--weight-decay: must be >= 0, got {self.weight_decay}"
         if self.grad_clip < 0:
             yield f"--grad-clip: must be >= 0 (0 disables), got {self.grad_clip}"
-        for name in ("osft_unfreeze_rank_ratio", "osft_min_frozen_ratio", "osft_max_frozen_ratio"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                yield f"--{_flag(name)}: must be in [0, 1], got {value}"
         if self.seed < 0:
             yield f"--seed: must be >= 0, got {self.seed}"
         if self.max_steps is not None and self.num_warmup_steps > self.max_steps:
@@ -284,36 +241,26 @@ class TrainingArgs:
                 f"--num-warmup-steps: {self.num_warmup_steps} is more than --max-steps "
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
-        yield from self._osft_problems()
+        for group in REGISTERED:
+            yield from group.method_problems(self, group.name == self.method)
         yield from self._context_parallel_problems()
         yield from optimizer_problems(self)
         yield from validation_problems(self)
 
-    def _osft_problems(self):
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        given = [n for n in defaults if n.startswith("osft_") and getattr(self, n) != defaults[n]]
-        if not self.osft:
-            for name in given:
-                yield f"--{_flag(name)}: needs --osft"
-            return
-        adaptive = self.osft_rank_mode == "adaptive"
-        if not adaptive and self.osft_unfreeze_rank_ratio is None:
-            yield "--osft-unfreeze-rank-ratio: required with --osft"
-        if not adaptive:
-            for name in ("osft_min_frozen_ratio", "osft_max_frozen_ratio"):
-                if name in given:
-                    yield f"--{_flag(name)}: needs --osft-rank-mode adaptive"
-        if self.osft_min_frozen_ratio > self.osft_max_frozen_ratio:
-            yield (
-                f"--osft-min-frozen-ratio: {self.osft_min_frozen_ratio} is above "
-                f"--osft-max-frozen-ratio {self.osft_max_frozen_ratio}"
-            )
-        if self.osft_freeze_non_targets and self.osft_unfreeze_rank_ratio == 0.0:
-            yield (
-                "--osft-freeze-non-targets: with --osft-unfreeze-rank-ratio 0.0 nothing would train"
-            )
-        if self.osft_target_patterns is not None and not all(self.osft_target_patterns):
-            yield "--osft-target-patterns: empty pattern"
+    def _select_method(self):
+        """`--osft` and `--method osft` are one choice: keep the two in step."""
+        if self.method not in METHOD_NAMES:
+            yield from _choice("method", self.method, METHOD_NAMES)
+        elif self.osft and self.method == "sft":
+            self.method = "osft"
+        elif self.method == "osft":
+            self.osft = True
+        elif self.osft:
+            yield f"--osft: is --method osft, and this run asks for --method {self.method}"
+
+    def method_group(self) -> type[MethodOptions]:
+        """The option group class of the selected method."""
+        return METHODS[self.method]
 
     def _context_parallel_problems(self):
         if self.context_parallel < 1:
@@ -328,6 +275,8 @@ class TrainingArgs:
         for name, flag in refused.items():
             if getattr(self, name):
                 yield f"--context-parallel: not with {flag} (not supported yet)"
+        if self.method not in ("sft", "osft"):
+            yield f"--context-parallel: not with --method {self.method} (not supported yet)"
 
     @property
     def row_tokens(self) -> int:
@@ -373,6 +322,14 @@ def _field_types() -> dict[str, type]:
     return {f.name: _base_type(hints[f.name]) for f in dataclasses.fields(TrainingArgs)}
 
 
+def _group_of(name: str) -> type[MethodOptions] | None:
+    """The method whose option group declares field `name` (None: a shared option)."""
+    for group in REGISTERED:
+        if any(f.name == name for f in group.own_fields()):
+            return group
+    return None
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, but a bad flag is one line (a UserError) instead of the 40-line usage, and
     the same line whichever command parsed it (train, launch, plan, run_training)."""
@@ -404,8 +361,9 @@ def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.Argumen
         flag = f"--{_flag(f.name)}"
         help_text = f.metadata["help"]
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        if f.name.startswith("osft_"):
-            help_text += " Needs --osft."
+        group = _group_of(f.name)
+        if group is not None and f.name != group.name:
+            help_text += f" Needs {group.needs_flag()}."
         if required:
             help_text += " (required)"
         elif f.default not in (None, False):

@@ -160,10 +160,11 @@ PACKAGE_RANKS = [
     # options' rules
     ("mini_trainer", "errors", "labels", "io_utils", "versions", "log_setup",
      "validation_options", "optimizer_options"),
+    ("methods",),  # each training method's option group, and the registry of methods by name
     ("launch_args", "training_args"),  # the flags, checked before any process starts
     ("distributed", "data", "batching"),  # processes; data files; packing into batches
     ("models", "method", "manifest", "demo"),  # model files; the method protocol; the manifest
-    ("osft",),  # the OSFT method
+    ("osft", "ewc"),  # the OSFT and EWC methods
     ("training",),  # the training loop and what it owns (the evaluator core, the memory probe)
     ("evaluate", "plan", "report", "pipeline"),  # the commands built on training, and the pipeline
     ("train", "api_train"),  # the worker's entry and the Python API

@@ -21,6 +21,7 @@ from snakemake.utils import validate
 
 from mini_trainer import pipeline
 from mini_trainer.errors import UserError
+from mini_trainer.methods import METHODS
 from mini_trainer.pipeline import schema
 from mini_trainer.training_args import TrainingArgs
 
@@ -485,11 +486,11 @@ def test_options_are_the_fields_the_pipeline_does_not_set():
     assert list(options) == [f for f in fields if f not in schema.SET_BY_PIPELINE]
     assert set(schema.SET_BY_PIPELINE) <= set(fields)
     set_here = set(pipeline.training_options(small(), "sft", "0.01", 1))
-    # The train rule adds the output folder and --resume; OSFT, wandb, a validation file and a Hub
-    # model (its commit) add the others.
+    # The train rule adds the output folder and --resume; OSFT, EWC (stage 2 on), wandb, a
+    # validation file and a Hub model (its commit) add the others.
     assert set(schema.SET_BY_PIPELINE) - set_here == {
-        "output_dir", "resume", "osft_svd_cache", "wandb_run_name", "validation_data_path",
-        "save_best", "model_revision",
+        "output_dir", "resume", "osft_svd_cache", "ewc_fisher", "wandb_run_name",
+        "validation_data_path", "save_best", "model_revision",
     }  # fmt: skip
 
 
@@ -509,6 +510,9 @@ def _base_for(name: str) -> dict:
     ones a validation file)."""
     if name in VALIDATION_FIELDS:
         return {**REQUIRED, "validation_data_path": "v.jsonl"}
+    for group in METHODS.values():  # another method's options need that method
+        if group.name != "osft" and name in {f.name for f in group.own_fields()}:
+            return {**REQUIRED, "method": group.name}
     if not name.startswith("osft_"):
         return dict(REQUIRED)
     return {**REQUIRED, "osft": True, "osft_rank_mode": "adaptive", "osft_unfreeze_rank_ratio": 0.5,
@@ -545,7 +549,8 @@ def test_the_engine_takes_exactly_the_generated_choices(name, choices):
     extra |= {"osft": True, "osft_unfreeze_rank_ratio": 0.5} if name.startswith("osft_") else {}
     extra |= {"validation_data_path": "v.jsonl"} if name in VALIDATION_FIELDS else {}
     for choice in choices:
-        TrainingArgs(**REQUIRED, **extra, **{name: choice, "max_tokens": 1})
+        osft = {"osft_unfreeze_rank_ratio": 0.5} if (name, choice) == ("method", "osft") else {}
+        TrainingArgs(**REQUIRED, **extra, **osft, **{name: choice, "max_tokens": 1})
     with pytest.raises(UserError, match=f"--{name.replace('_', '-')}: unknown value"):
         TrainingArgs(**REQUIRED, **extra, **{name: "nonsense"})
 

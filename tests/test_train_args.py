@@ -12,6 +12,7 @@ from helpers import REPO_ROOT, subprocess_env
 
 from mini_trainer.api_train import TrainingFailed, build_command, run_training
 from mini_trainer.launch_args import TorchrunArgs, split_launcher_args
+from mini_trainer.methods import METHOD_NAMES, METHODS
 from mini_trainer.training_args import (
     SCHEDULERS,
     TrainingArgs,
@@ -129,14 +130,22 @@ def _non_default(field: dataclasses.Field, kind: type):
     return f"value-of-{field.name}"
 
 
-def test_every_training_field_is_forwarded():
+@pytest.mark.parametrize("method", METHOD_NAMES)
+def test_every_training_field_is_forwarded(method):
+    """Every shared option and every option of one method (options of two methods at once are
+    refused: tests/test_methods.py), set to other than its default, comes back from the
+    launcher's command line."""
     hints = typing.get_type_hints(TrainingArgs)
-    fields = dataclasses.fields(TrainingArgs)
+    group = METHODS[method]
+    others = {f.name for g in METHODS.values() if g is not group for f in g.own_fields()}
+    fields = [f for f in dataclasses.fields(TrainingArgs) if f.name not in others]
     values = {f.name: _non_default(f, _base_type(hints[f.name])) for f in fields}
+    values["method"] = method
     args = TrainingArgs(**values)
     for f in fields:
         kept = ("param_dtype", "context_parallel")
-        assert f.name in kept or getattr(args, f.name) != f.default, f.name
+        unchanged = f.name in kept or (f.name == "method" and method == "sft")
+        assert unchanged or getattr(args, f.name) != f.default, f.name
     command = build_command(TorchrunArgs(nproc_per_node=2), args)
     torchrun, train_argv = split_launcher_args(command[command.index("train") + 1 :])
     assert parse_training_args(train_argv) == args

@@ -66,6 +66,9 @@ class OSFT:
     """Orthogonal Subspace Fine-Tuning (arXiv:2504.07097) behind the method hooks."""
 
     name = "osft"
+    state_bytes_per_trainable = 0
+    """No state beside the factors (which the plan counts as parameters)."""
+    keeps_teacher = False
 
     def __init__(self, args):
         self.args = args
@@ -278,6 +281,12 @@ class OSFT:
     def after_optimizer_step(self, model: nn.Module) -> None:
         pairs = [p for module in self._modules(model) for p in module.projection_pairs(False)]
         remove_frozen_components(pairs)
+
+    def step_metrics(self) -> dict[str, float]:
+        return {}
+
+    def micro_batch_loss(self, micro, attention_kwargs: dict):
+        return None
 
     def describe(self) -> dict:
         args = self.args

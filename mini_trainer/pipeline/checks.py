@@ -19,9 +19,11 @@ import yaml
 from mini_trainer.errors import UserError
 from mini_trainer.pipeline.data import DataConfigError, check_data_config
 from mini_trainer.pipeline.errors import ConfigError
+from mini_trainer.pipeline.interpolation import interpolation_problems
 from mini_trainer.pipeline.layout import (
     DEMO_TASKS,
     Config,
+    first_stage,
     lr_str,
     run_dir,
     training_options,
@@ -105,6 +107,8 @@ def check_config(config: Config) -> None:
         for lr in reprs:
             check_method_options(config, name, lr)
     _check_validation(config, None)
+    for key, problem in interpolation_problems(config):
+        raise ConfigError(key, problem)
 
 
 VALIDATION_OPTIONS = (
@@ -177,8 +181,9 @@ def _check_stages(config: Config) -> None:
 
 def method_training_args(config: Config, method: str, lr: str) -> TrainingArgs:
     """The `TrainingArgs` of (method, lr)'s first stage, as its job will build them."""
-    options = training_options(config, method, lr, 1)
-    return TrainingArgs(**options, output_dir=run_dir(config, method, lr, 1))
+    stage = first_stage(config, method)
+    options = training_options(config, method, lr, stage)
+    return TrainingArgs(**options, output_dir=run_dir(config, method, lr, stage))
 
 
 def check_method_options(config: Config, method: str, lr: str) -> None:

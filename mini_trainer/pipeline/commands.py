@@ -31,6 +31,8 @@ from mini_trainer.pipeline.layout import (
     svd_dir,
     sweep,
     train_file,
+    training_options,
+    uses_method,
     validation_file,
 )
 from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
@@ -145,8 +147,11 @@ def train_inputs(config: Config, method: str, lr: str, stage: int, key: str) -> 
     task = config["stages"][stage - 1]
     if validation_file(config, task):
         inputs["validation"] = validation_file(config, task)
-    if method_options(config, method).get("osft"):
+    options = method_options(config, method)
+    if uses_method(options, "osft"):
         inputs["svd"] = svd_dir(config, method, lr, stage)
+    if uses_method(options, "ewc") and stage > 1:
+        inputs["fisher"] = training_options(config, method, lr, stage)["ewc_fisher"]
     if plan_needed(config):  # GPU jobs wait for their method's plan (planning.py)
         inputs["plan"] = plan_file(method)
     return inputs

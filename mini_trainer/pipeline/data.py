@@ -40,7 +40,16 @@ def task_format(config: dict, task: str) -> str:
     return config.get("tasks", {}).get(task, {}).get("format", DEFAULT_FORMAT)
 
 
+def is_multitask(config: dict, method: str) -> bool:
+    """`multitask: true`: the multi-task bound, one training on every stage's data."""
+    return bool(config["methods"][method].get("multitask", False))
+
+
 def replay_fraction(config: dict, method: str) -> float:
+    """The share of each earlier stage's samples that (method, stage) adds; 1.0 (all of them)
+    for the multi-task bound, whose one run is the last stage's with everything replayed."""
+    if is_multitask(config, method):
+        return 1.0
     return float(config["methods"][method].get("replay_fraction", 0.0))
 
 
@@ -79,6 +88,11 @@ def check_data_config(config: dict, demo_tasks: list[str]) -> None:
             )
     for method, spec in config["methods"].items():
         fraction = spec.get("replay_fraction")
+        if spec.get("multitask") and fraction is not None:
+            raise DataConfigError(
+                f"methods.{method}.replay_fraction",
+                "not with multitask: true (the multi-task bound trains on all of every stage)",
+            )
         if fraction is None:
             continue
         if (

@@ -7,9 +7,11 @@
     results/data/{task}.split.{train,validation}.jsonl   split_validation (data.validation_fraction)
     results/data/{task | mix/name}.train.{index.parquet,summary.json}  validate
     results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
+    results/ewc_fisher/{method}/lr{lr}/stage{i}/{key}/   ewc_fisher of a stage's final weights
     results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
         final/                                       ... its only declared output
         best/                                        ... with a validation file (--save-best)
+    results/interpolate/{method}/lr{lr}/stage{i}/{key}/wise{pct}/   interpolate (WiSE-FT)
     results/eval/{base | method/lr{lr}/stage{i}}/{task}.json                  evaluate
     results/manifest.json, results/report/report.html                 manifest, report
 
@@ -26,6 +28,7 @@ from typing import Any
 from mini_trainer.pipeline import data
 from mini_trainer.pipeline.errors import Config, PipelineError
 from mini_trainer.pipeline.hub import model_revision
+from mini_trainer.pipeline.interpolation import interpolated_series
 
 DEMO_DIR = "resources/demo"
 # The tasks `mini-trainer demo-assets` builds (mini_trainer/demo/tasks.py; a test keeps them equal;
@@ -54,13 +57,19 @@ def lr_value(config: Config, method: str, lr: str) -> float:
     raise PipelineError(f"learning rate {lr} is not in config: methods.{method}.learning_rates")
 
 
+def first_stage(config: Config, method: str) -> int:
+    """The first stage `method` trains: 1, or the last for the multi-task bound
+    (`multitask: true`: one run, from the base model, on every stage's data)."""
+    return len(config["stages"]) if data.is_multitask(config, method) else 1
+
+
 def sweep(config: Config) -> list[tuple[str, str, int]]:
     """Every (method, lr as in paths, stage number) the config trains, stages 1-based."""
     return [
         (method, lr_str(lr), stage)
         for method, spec in config["methods"].items()
         for lr in spec["learning_rates"]
-        for stage in range(1, len(config["stages"]) + 1)
+        for stage in range(first_stage(config, method), len(config["stages"]) + 1)
     ]
 
 
@@ -158,8 +167,19 @@ def data_summary(task: str) -> str:
 
 
 def method_options(config: Config, method: str) -> dict[str, Any]:
-    """The method's training options: `training` overridden by `methods.<method>.training`."""
-    return {**config["training"], **config["methods"][method].get("training", {})}
+    """The method's training options: `training` overridden by `methods.<method>.training`,
+    and the entry's `method:` (a registered method's name) as `method`."""
+    entry = config["methods"][method]
+    options = {**config["training"], **entry.get("training", {})}
+    if "method" in entry:
+        options["method"] = entry["method"]
+    return options
+
+
+def uses_method(options: dict[str, Any], name: str) -> bool:
+    """Whether training options select method `name` (`osft: true` is `method: osft`)."""
+    selected = options.get("method") or ("osft" if options.get("osft") else "sft")
+    return selected == name
 
 
 def svd_targets_key(options: dict[str, Any]) -> str:
@@ -194,9 +214,43 @@ def svd_target_patterns(config: Config, targets: str) -> list[str]:
     """The target patterns whose folder name is `targets` (see `svd_targets_key`)."""
     for method in config["methods"]:
         options = method_options(config, method)
-        if options.get("osft") and svd_targets_key(options) == targets:
+        if uses_method(options, "osft") and svd_targets_key(options) == targets:
             return options.get("osft_target_patterns") or []
     raise PipelineError(f"no OSFT method in the config uses targets {targets!r}")
+
+
+EWC_FISHER_DEFAULTS = {"gamma": 1.0, "batch_size": 8, "max_samples": None}
+"""`ewc-fisher`'s settings when a method's `ewc_fisher:` entry leaves them out."""
+
+
+def ewc_fisher_dir(run: str) -> str:
+    """The Fisher folder of a run's final weights (`results/train/...` -> `results/ewc_fisher/...`):
+    taken once, read by the next stage's job of every EWC method that starts from them."""
+    return "results/ewc_fisher/" + run.removeprefix("results/train/")
+
+
+def ewc_fisher_inputs(config: Config, source: str) -> dict[str, str]:
+    """Inputs of the Fisher of the run `source` (`{method}/lr{lr}/stage{i}/{key}`): its final
+    weights, its stage's training data, and for stage >= 2 the Fisher of the stage before
+    (online EWC accumulates)."""
+    method, lr, stage = parse_source(source.rsplit("/", 1)[0])
+    run = f"results/train/{source}"
+    if run_dir(config, method, lr, stage) != run:
+        raise PipelineError(f"{run}: not the run folder of {method} lr{lr} stage {stage} now")
+    inputs = {
+        "model": f"{run}/final",
+        "data": train_file(config, stage_dataset(config, method, stage)),
+    }
+    previous = _previous_run(config, method, lr, stage)
+    if previous is not None:
+        inputs["previous"] = ewc_fisher_dir(previous)
+    return inputs
+
+
+def ewc_fisher_settings(config: Config, source: str) -> dict[str, Any]:
+    """gamma, batch_size, max_samples of the Fisher of `source` (its method's `ewc_fisher:`)."""
+    method = source.split("/", 1)[0]
+    return {**EWC_FISHER_DEFAULTS, **config["methods"][method].get("ewc_fisher", {})}
 
 
 def start_model(config: Config, method: str, lr: str, stage: int) -> str:
@@ -229,7 +283,9 @@ def _stage_options(
     validation = validation_file(config, task)
     if validation:  # best/ is always kept, so evaluation.checkpoint retrains nothing
         options.update(validation_data_path=validation, save_best=True)
-    if options.get("osft"):
+    if uses_method(options, "ewc") and previous_run is not None:
+        options["ewc_fisher"] = ewc_fisher_dir(previous_run)
+    if uses_method(options, "osft"):
         options["osft_svd_cache"] = _svd_dir(config, method, previous_run)
     if options.get("wandb_project"):
         options["wandb_run_name"] = f"{method}-lr{lr}-stage{stage}-{task}"
@@ -261,6 +317,9 @@ def _sweep_run_dirs(config: Config, lr: str) -> dict[str, list[str]]:
     for s in range(1, len(config["stages"]) + 1):
         by_key: dict[str, str] = {}
         for m in methods:
+            if s < first_stage(config, m):  # the multi-task bound has no run before the last
+                dirs[m].append(None)
+                continue
             previous = dirs[m][-1] if dirs[m] else None
             options = _stage_options(config, m, lr, s, previous)
             key = short_hash(
@@ -301,7 +360,34 @@ def final_dir(config: Config, method: str, lr: str, stage: int) -> str:
 
 
 def eval_sources(config: Config) -> list[str]:
-    return [BASE] + [f"{m}/lr{lr}/stage{s}" for m, lr, s in sweep(config)]
+    """The base model, every run, then every interpolated checkpoint (`interpolation.py`)."""
+    sources = [BASE] + [f"{m}/lr{lr}/stage{s}" for m, lr, s in sweep(config)]
+    for series, (method, _) in interpolated_series(config).items():
+        sources += [f"{series}/lr{lr}/stage{s}" for m, lr, s in sweep(config) if m == method]
+    return sources
+
+
+def interpolation_dir(config: Config, series: str, lr: str, stage: int) -> str:
+    """The interpolated checkpoint of series `series` (`<method>-wise<pct>`) at (lr, stage)."""
+    method, pct = interpolated_series(config)[series]
+    run = run_dir(config, method, lr, stage).removeprefix("results/train/")
+    return f"results/interpolate/{run}/wise{pct}"
+
+
+def interpolation_inputs(config: Config, source: str, pct: str) -> dict[str, str]:
+    """`previous` (the run's start) and `new` (its final/) of `results/interpolate/{source}`
+    (`{method}/lr{lr}/stage{i}/{key}`, the run folder's path) at `pct` percent."""
+    method, lr, stage = parse_source(source.rsplit("/", 1)[0])
+    run = f"results/train/{source}"
+    if run_dir(config, method, lr, stage) != run:
+        raise PipelineError(f"{run}: not the run folder of {method} lr{lr} stage {stage} now")
+    previous = start_model(config, method, lr, stage)
+    if stage == 1 and model_revision(config, previous):
+        raise PipelineError(
+            f"config: methods.{method}.interpolation_alphas: stage 1 needs a local base model "
+            f"folder ({previous} is a Hub id)"
+        )
+    return {"previous": previous, "new": f"{run}/final"}
 
 
 def parse_source(source: str) -> tuple[str, str, int] | None:
@@ -321,7 +407,11 @@ def parse_source(source: str) -> tuple[str, str, int] | None:
 
 def eval_model(config: Config, source: str) -> str:
     parsed = parse_source(source)
-    return base_model(config) if parsed is None else final_dir(config, *parsed)
+    if parsed is None:
+        return base_model(config)
+    if parsed[0] in interpolated_series(config):
+        return interpolation_dir(config, *parsed)
+    return final_dir(config, *parsed)
 
 
 def eval_checkpoint(config: Config, source: str) -> str:
@@ -330,7 +420,8 @@ def eval_checkpoint(config: Config, source: str) -> str:
     best/ is not a declared output (not every run has one); the evaluate rule depends on
     final/, written after best/."""
     parsed = parse_source(source)
-    if parsed is None or config["evaluation"]["checkpoint"] == "final":
+    interpolated = parsed is not None and parsed[0] in interpolated_series(config)
+    if parsed is None or interpolated or config["evaluation"]["checkpoint"] == "final":
         return eval_model(config, source)
     return f"{run_dir(config, *parsed)}/best"
 
@@ -354,7 +445,7 @@ def evaluated_source(config: Config, source: str) -> str:
     """The source whose evaluation stands for `source`'s: itself, or for a run shared with an
     earlier method (same run key, see `_sweep_run_dirs`) that method's, evaluated once."""
     parsed = parse_source(source)
-    if parsed is None:
+    if parsed is None or parsed[0] in interpolated_series(config):
         return source
     return run_dir(config, *parsed).removeprefix("results/train/").rsplit("/", 1)[0]
 

@@ -37,6 +37,7 @@ SET_BY_PIPELINE = (
     "resume",
     "save_final_checkpoint",
     "osft_svd_cache",
+    "ewc_fisher",  # the ewc_fisher rule's folder of the previous stage
     "wandb_run_name",
     "model_revision",  # the commit of the top-level `model_revision` (a Hub model)
     "validation_data_path",

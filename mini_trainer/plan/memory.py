@@ -206,6 +206,22 @@ def memory(counts: Counts, trace: Trace, setup: Setup) -> Memory:
         gathered_kv(trace, setup),
         step_temporaries(counts, setup, on_gpu),
     ]
+    if counts.method_state_bytes:  # a line only for a method that keeps state (EWC)
+        lines.insert(2, Line(
+            "method state (EWC: Fisher and anchor, fp32)",
+            counts.method_state_bytes * on_gpu,
+            "counted",
+            PHASES,
+            "8 bytes per trainable element of the shard",
+        ))  # fmt: skip
+    if counts.teacher_shard_params:  # LwF: the frozen teacher, sharded as the student
+        lines.insert(2, Line(
+            f"teacher parameter shard ({'bf16' if setup.cuda else 'fp32'}, LwF)",
+            counts.teacher_shard_params * (2 if setup.cuda else 4) * on_gpu,
+            "counted",
+            PHASES,
+            "frozen; its forward's activations (no gradients) are not counted",
+        ))  # fmt: skip
     result = Memory([line for line in lines if line.bytes or line.source != "formula"])
     for phase in PHASES:
         result.phases[phase] = sum(line.bytes for line in result.lines if phase in line.phases)

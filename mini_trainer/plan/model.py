@@ -23,6 +23,7 @@ from mini_trainer.models.moe import active_fraction, expert_parameters
 from mini_trainer.osft.method import OSFT
 from mini_trainer.osft.targets import layer_index
 from mini_trainer.training.loss import chunked_linear_cross_entropy
+from mini_trainer.training.method import method_class
 from mini_trainer.training.model_setup import decoder_layers, fsdp_units, meta_model
 
 OSFT_FROZEN_PARTS = ("W_high", "U_high", "V_high", "U_low_init", "V_low_init")
@@ -63,6 +64,10 @@ class Counts:
     """fp32 elements of the full thin SVDs of every target (the osft-svd cache)."""
     dense_params: int = 0
     """Elements of the exported Hugging Face weights (OSFT targets as dense again)."""
+    method_state_bytes: int = 0
+    """This rank's bytes of the method's own sharded state (EWC: Fisher and anchor, fp32)."""
+    teacher_shard_params: int = 0
+    """This rank's elements of a frozen teacher's parameters (LwF; 0 without one)."""
     expert_params: int = 0
     """Of total_params: the routed experts' (a mixture of experts; 0 for a dense model)."""
     active_params: int = 0
@@ -100,7 +105,13 @@ class PlannedOSFT(OSFT):
 
 def build(config, args):
     """(wrapped meta model, method): the model `build_model` would shard, without memory."""
-    method = PlannedOSFT(args) if args.osft else FullFineTuning()
+    if args.osft:
+        method = PlannedOSFT(args)
+    else:  # the method's own class says what it keeps; its hooks need no files here
+        method = FullFineTuning(args)
+        chosen = method_class(args.method)
+        method.state_bytes_per_trainable = chosen.state_bytes_per_trainable
+        method.keeps_teacher = chosen.keeps_teacher
     context = MethodContext(None, Path(args.output_dir or "."), None)  # a fresh start
     try:
         wrapped = meta_model(
@@ -167,6 +178,8 @@ def count(wrapped: nn.Module, method, world: int, weight_decay: float) -> Counts
         )
         + sum(max(1, t.experts) * t.rows * t.cols for t in targets.values() if t.factorized)
     )
+    counts.method_state_bytes = counts.shard_trainable * method.state_bytes_per_trainable
+    counts.teacher_shard_params = counts.shard_params if method.keeps_teacher else 0
     counts.expert_params = expert_parameters(wrapped)
     fraction = active_fraction(wrapped.model)
     counts.active_params = counts.total_params - round(counts.expert_params * (1 - fraction))

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from mini_trainer.io_utils import hash_file
+from mini_trainer.methods import REGISTERED
 from mini_trainer.models.hub import hub_source, moved_branch_line
 from mini_trainer.optimizer_options import layout_differences, state_layout
 
@@ -85,12 +86,17 @@ def sampled_file_digest(path: str | os.PathLike) -> str:
 
 
 def options_fingerprint(args) -> dict:
-    """The run-defining options: every field but `MAY_CHANGE_ON_RESUME`, as JSON values."""
-    return {
-        name: value
-        for name, value in dataclasses.asdict(args).items()
-        if name not in MAY_CHANGE_ON_RESUME
-    }
+    """The run-defining options, as JSON values: every shared field but `MAY_CHANGE_ON_RESUME`,
+    OSFT's options (in every run's, as before methods had names), and what the selected method's
+    option group names (`MethodOptions.fingerprint_terms`; nothing for SFT and OSFT, so the
+    states saved before `--method` resume)."""
+    group = args.method_group()
+    left_out = {"method", *MAY_CHANGE_ON_RESUME, *group.may_change_on_resume()}
+    for other in REGISTERED:
+        if not other.legacy_fingerprint:
+            left_out |= {f.name for f in other.own_fields()}
+    options = {n: v for n, v in dataclasses.asdict(args).items() if n not in left_out}
+    return {**options, **group.fingerprint_terms(args)}
 
 
 def data_fingerprint(data_path: str | os.PathLike, dataset) -> dict:

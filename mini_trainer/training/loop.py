@@ -61,6 +61,8 @@ class StepResult:
     stop_requested: bool
     routed: dict | None = None
     """A mixture of experts' `aux_loss` and `expert_tokens` (models/moe.py), else None."""
+    method: dict | None = None
+    """The method's own figures of the step (`TrainingMethod.step_metrics`), else None."""
 
 
 def train(args: TrainingArgs, runtime: Runtime) -> int:
@@ -277,6 +279,7 @@ class StepMetrics:
                 plan.num_tokens, int((lengths**2).sum()), step_time, self.world_size
             ),
             **(result.routed or {}),
+            **(result.method or {}),
         }
 
 
@@ -295,9 +298,10 @@ def train_step(
         micro = host_micro.to(runtime.device, non_blocking=runtime.is_cuda)
         if args.defer_grad_sync:  # reduce-scatter only after the step's last micro-batch
             model.set_requires_gradient_sync(index == len(micro_batches) - 1)
+        kwargs = attention_kwargs(attention, micro)
         loss = model(
             micro.input_ids, micro.position_ids, micro.target_ids, loss_rows=micro.loss_rows,
-            router=router, **attention_kwargs(attention, micro),
+            loss_fn=method.micro_batch_loss(micro, kwargs), router=router, **kwargs,
         )  # fmt: skip
         (loss * scale).backward()
         loss_sum += loss.detach().double()
@@ -313,6 +317,7 @@ def train_step(
     lr = scheduler.get_last_lr()[0]
     optimizer.step()
     method.after_optimizer_step(model)
+    method_figures = method.step_metrics()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
 
@@ -327,6 +332,7 @@ def train_step(
         peak_memory_gb=peak_gb,
         stop_requested=bool(stop_flag),
         routed=routed or None,
+        method=method_figures or None,
     )
 
 
