@@ -12,7 +12,7 @@ from helpers import base_flags, run_cli
 
 SUBCOMMANDS = [
     "demo-assets", "validate", "tokenize", "osft-svd", "train", "launch", "evaluate", "report",
-    "manifest", "resolve-model", "split-validation", "mix",
+    "manifest", "resolve-model", "split-validation", "mix", "ewc-fisher", "interpolate",
 ]  # fmt: skip
 
 
@@ -52,6 +52,10 @@ def _command(subcommand, demo_dir, tmp_path, ro):
         "split-validation": [data, "--fraction", 0.1, "--out-train", ro / "t.jsonl",
                              "--out-validation", ro / "v.jsonl"],
         "mix": ["--input", data, 1.0, "--out", ro / "mix.jsonl", "--out-sidecar", ro / "m.json"],
+        "ewc-fisher": ["--model", model, "--data", demo_dir / "data" / "sort.train.jsonl",
+                       "--out", ro / "fisher"],
+        "interpolate": ["--previous", model, "--new", model, "--alpha", 0.5,
+                        "--out", ro / "wise"],
     }[subcommand]  # fmt: skip
 
 

@@ -7,6 +7,7 @@ package through the interpreter that runs Snakemake (`"$MINI_TRAINER_PYTHON" -m 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -278,8 +279,9 @@ def test_config_keys_cover_the_training_flags():
         "resume", "save_final_checkpoint", "osft_svd_cache", "wandb_run_name",
         "model_revision",  # the commit of the top-level model_revision (a Hub model)
         "validation_data_path", "save_best",
+        "ewc_fisher",  # the ewc_fisher rule's folder of the previous stage
     }  # fmt: skip
-    fields = {f for f in TrainingArgs.__dataclass_fields__}
+    fields = {f.name for f in dataclasses.fields(TrainingArgs)}
     assert options <= fields
     assert options | set_by_pipeline == fields
 

@@ -8,6 +8,7 @@ import click
 
 from mini_trainer.cli.group import cli
 from mini_trainer.cli.options import EXISTING_FILE, force_option, out_option
+from mini_trainer.data.outputs import check_writable
 from mini_trainer.errors import UserError
 from mini_trainer.log_setup import setup_logging
 
@@ -15,9 +16,11 @@ MODEL_FOLDER = click.Path(exists=True, file_okay=False, path_type=Path)
 
 
 def _refuse_existing(out: Path, force: bool) -> None:
-    """Nothing a user made is overwritten without --force."""
+    """Nothing a user made is overwritten without --force, and an unwritable location is one
+    line before any work."""
     if out.exists() and not force:
         raise UserError(f"--out {out}: exists (pass --force to replace it)")
+    check_writable(out.parent, "--out")
 
 
 @cli.command("ewc-fisher")
