@@ -495,6 +495,9 @@ def test_one_method_change_reruns_only_that_method(full_run):
 
 @pytest.mark.slow
 def test_full_run_second_run_does_nothing(full_run):
+    """Nothing reruns, although every finished run dropped its states (final/ is the output)."""
+    assert len(list(full_run.glob("results/train/*/*/stage*/*/final"))) == 5
+    assert not list(full_run.glob("results/train/*/*/stage*/*/state"))
     result = check(snakemake(full_run, "-n"))
     assert "Nothing to be done" in result.stdout + result.stderr
 

@@ -144,6 +144,21 @@ def test_training_options_merge_method_over_shared(demo):
     assert named == "sft-lr0.003-stage3-sort_plus1"
 
 
+def test_finished_runs_drop_their_states_unless_the_config_keeps_them(demo):
+    """A job drops its states once final/ is written (keep_states_after_final: false, the
+    default); keeping them is a flag of the job, not of the run: no run key changes."""
+    assert pipeline.training_options(demo, "sft", "0.01", 2)["drop_states_after_final"] is True
+    kept = load({**demo, "keep_states_after_final": True})
+    assert pipeline.training_options(kept, "sft", "0.01", 2)["drop_states_after_final"] is False
+    assert "--drop-states-after-final" not in pipeline.cli_flags(
+        pipeline.training_options(kept, "sft", "0.01", 2)
+    )
+    assert all(
+        pipeline.run_dir(kept, m, lr, s) == pipeline.run_dir(demo, m, lr, s)
+        for m, lr, s in pipeline.sweep(demo)
+    )
+
+
 def test_svd_folders_are_named_after_their_weights(demo):
     assert pipeline.svd_dir(demo, "osft", "0.01", 1) == "results/osft_svd/base/default-targets"
     assert pipeline.svd_dir(demo, "osft", "0.03", 1) == pipeline.svd_dir(demo, "osft", "0.01", 1)

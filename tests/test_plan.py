@@ -242,3 +242,15 @@ def test_plan_reports_the_longest_sample_with_and_without_context_parallelism():
     assert longest["without_cp"] < longest["with_cp"] < 8 * longest["without_cp"]
     assert longest["with_cp"] == 8 * gpu["largest_max_tokens_per_gpu"]  # one chunk per GPU
     assert "longest single sample that fits" in table(plan)
+
+
+def test_async_save_stages_every_ranks_state_shard_in_host_memory():
+    """`--async-save` adds a host line per node: weights and moments of each rank's shard."""
+    cluster = Cluster(nodes=1, gpus_per_node=8, gpu_memory_gib=80, device="cuda")
+    plain = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096"])
+    staged = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096",
+                                                      "--async-save"])  # fmt: skip
+    names = {line["name"]: line["bytes"] for line in staged["per_node"]["host"]}
+    (added,) = set(names) - {line["name"] for line in plain["per_node"]["host"]}
+    # fp32 weights and two fp32 moments of 8.03B parameters, over the node's 8 GPUs together
+    assert names[added] == pytest.approx(8.03e9 * 12, rel=0.01)

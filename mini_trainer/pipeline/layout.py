@@ -9,6 +9,8 @@
     results/osft_svd/{source}/{targets}/             osft_svd of a stage's starting weights
     results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
         final/                                       ... its only declared output
+        state/step_K/                                ... while it trains (dropped once final/
+                                                         is written, unless keep_states_after_final)
         best/                                        ... with a validation file (--save-best)
     results/eval/{base | method/lr{lr}/stage{i}}/{task}.json                  evaluate
     results/manifest.json, results/report/report.html                 manifest, report
@@ -206,8 +208,14 @@ def start_model(config: Config, method: str, lr: str, stage: int) -> str:
 
 
 def training_options(config: Config, method: str, lr: str, stage: int) -> dict[str, Any]:
-    """Every flag of (method, lr, stage)'s training job, except the output folder."""
-    return _stage_options(config, method, lr, stage, _previous_run(config, method, lr, stage))
+    """Every flag of (method, lr, stage)'s training job, except the output folder.
+
+    `drop_states_after_final` is added here, not in the run key's options: keeping or dropping
+    a finished run's states changes nothing it trains, so toggling `keep_states_after_final`
+    retrains nothing."""
+    options = _stage_options(config, method, lr, stage, _previous_run(config, method, lr, stage))
+    options["drop_states_after_final"] = not config.get("keep_states_after_final", False)
+    return options
 
 
 def _stage_options(
