@@ -38,6 +38,16 @@ def test_a_staged_state_is_a_snapshot_that_training_cannot_change(world_of_one):
     assert staged["optim"]["state"][0]["step"].item() == 3.0
     assert staged["optim"]["param_groups"][0]["lr"] == 0.1
     assert staged_bytes(staged) == 12 * 4 + 5 * 4 + 4
+    # The next save's snapshot is written into this one's memory (no new allocation).
+    again = stage(live, reuse=staged)
+    for path in (("model", "w"), ("optim", "state", 0, "exp_avg")):
+        new, old, now = again, staged, live
+        for key in path:
+            new, old, now = new[key], old[key], now[key]
+        if path[0] == "model":  # DTensors: their local shards
+            new, old, now = new.to_local(), old.to_local(), now.to_local()
+        assert new.data_ptr() == old.data_ptr() != now.data_ptr()
+        assert torch.equal(new, now)
 
 
 def test_one_write_in_flight_and_its_error_is_raised_where_training_waits(world_of_one):
@@ -47,6 +57,8 @@ def test_one_write_in_flight_and_its_error_is_raised_where_training_waits(world_
     assert writer.in_flight == "state/step_1"
     with pytest.raises(RuntimeError, match="a save is in flight"):
         writer.submit("state/step_2", lambda: None)
+    with pytest.raises(RuntimeError, match="a save is in flight"):  # its snapshot is in use
+        writer.stage({"w": torch.ones(2)})
     release.set()
     assert writer.wait() == "state/step_1" and writer.in_flight is None
     assert writer.wait() is None

@@ -38,31 +38,48 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
-def host_copy(tensor: torch.Tensor, pin: bool) -> torch.Tensor:
+def host_copy(tensor: torch.Tensor, pin: bool, reuse=None) -> torch.Tensor:
     """A copy of `tensor` in host memory that later training never changes (pinned on CUDA,
-    so the copy from the device is asynchronous; synchronized by `stage`)."""
+    so the copy from the device is asynchronous; synchronized by `BackgroundWriter.submit`).
+    `reuse`: the previous save's copy of it, written over when its shape and dtype match (no
+    new memory to allocate and fault in)."""
     if isinstance(tensor, DTensor):
-        local = host_copy(tensor.to_local(), pin)
+        previous = reuse.to_local() if isinstance(reuse, DTensor) else None
+        local = host_copy(tensor.to_local(), pin, previous)
         return DTensor.from_local(
             local, tensor.device_mesh, tensor.placements, run_check=False,
             shape=tensor.size(), stride=tensor.stride(),
         )  # fmt: skip
     tensor = tensor.detach()
+    if (
+        isinstance(reuse, torch.Tensor)
+        and not isinstance(reuse, DTensor)
+        and reuse.size() == tensor.size()
+        and reuse.dtype == tensor.dtype
+        and reuse.device.type == "cpu"
+        and reuse.is_contiguous()
+        and (reuse.is_pinned() or not pin)
+    ):
+        return reuse.copy_(tensor, non_blocking=pin)
     if tensor.device.type == "cpu":
         return tensor.clone()
     out = torch.empty(tensor.size(), dtype=tensor.dtype, pin_memory=pin)
     return out.copy_(tensor, non_blocking=pin)
 
 
-def stage(state, pin: bool = False):
+def stage(state, pin: bool = False, reuse=None):
     """`state` (nested dicts and lists of tensors and plain values) with every tensor copied to
-    host memory and every other value deep-copied: a snapshot training cannot change."""
+    host memory and every other value deep-copied: a snapshot training cannot change. `reuse`:
+    an earlier snapshot of the same structure whose tensors may be written over."""
     if isinstance(state, torch.Tensor):
-        return host_copy(state, pin)
+        return host_copy(state, pin, reuse)
     if isinstance(state, dict):
-        return {key: stage(value, pin) for key, value in state.items()}
+        previous = reuse if isinstance(reuse, dict) else {}
+        return {key: stage(value, pin, previous.get(key)) for key, value in state.items()}
     if isinstance(state, (list, tuple)):
-        return type(state)(stage(value, pin) for value in state)
+        same = isinstance(reuse, (list, tuple)) and len(reuse) == len(state)
+        previous = reuse if same else [None] * len(state)
+        return type(state)(stage(v, pin, p) for v, p in zip(state, previous, strict=True))
     return copy.deepcopy(state)
 
 
@@ -92,6 +109,17 @@ class BackgroundWriter:
         """The background writes' own process group."""
         self._future: Future | None = None
         self._what: str | None = None
+        self._staged = None  # the last snapshot: its memory is reused by the next one
+
+    def stage(self, state):
+        """A host snapshot of `state` (`stage`), written into the previous save's snapshot where
+        the tensors match: the copy then costs no allocation (the host memory stays held for
+        the run, as the plan's host line counts it). Only between writes: never while one is
+        in flight (its snapshot is what it writes)."""
+        if self._future is not None:
+            raise RuntimeError(f"a save is in flight ({self._what}); wait for it first")
+        self._staged = stage(state, self.pin, self._staged)
+        return self._staged
 
     @property
     def in_flight(self) -> str | None:

@@ -25,7 +25,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
 from mini_trainer.io_utils import atomic_path, publish_dir, temp_sibling
 from mini_trainer.models.export import export_hf_weights
-from mini_trainer.training.async_save import BackgroundWriter, stage
+from mini_trainer.training.async_save import BackgroundWriter
 from mini_trainer.training.run_folder import state_dirs
 from mini_trainer.training.state_checksums import write_checksums
 from mini_trainer.training.trainer_state import TRAINER_STATE, TrainerState
@@ -125,7 +125,7 @@ def save_state(
     if writer is None:
         write_state(tmp, final, content, rng, trainer_json, runtime, keep)
     else:
-        staged = stage(content, pin=writer.pin)
+        staged = writer.stage(content)
         job = functools.partial(
             write_state, tmp, final, staged, rng, trainer_json, runtime, keep, writer.group
         )
