@@ -254,3 +254,32 @@ def test_async_save_stages_every_ranks_state_shard_in_host_memory():
     (added,) = set(names) - {line["name"] for line in plain["per_node"]["host"]}
     # fp32 weights and two fp32 moments of 8.03B parameters, over the node's 8 GPUs together
     assert names[added] == pytest.approx(8.03e9 * 12, rel=0.01)
+
+
+def test_plan_config_prints_the_whole_experiments_peak_disk(tmp_path):
+    """`plan --config`: the 8B example's sweep (2 methods x 2 rates x 3 stages), each method
+    planned once; the peak is the sum of its lines, their counts from the DAG."""
+    import yaml
+
+    from mini_trainer.cli.training import experiment_lines_of
+
+    config = yaml.safe_load((REPO_ROOT / "config/examples/llama-3.1-8b-8gpu.yaml").read_text())
+    config["model"] = str(LLAMA_8B)  # its config.json: no Hub, no weights
+    del config["model_revision"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    lines = {line["name"]: line for line in experiment_lines_of(str(path))}
+    state = lines["sft: training states"]["bytes"] / 6  # 2 rates at once, 2 kept + 1 written
+    assert state == pytest.approx(8.03e9 * 12, rel=0.01)  # fp32 weights and two moments
+    assert lines["sft: final/ of 6 run(s)"]["bytes"] == pytest.approx(6 * 8.03e9 * 2, rel=0.01)
+    assert lines["osft: SVD caches"]["note"].startswith("5 x ")  # base, then per rate and stage
+    assert lines["evaluations"]["note"].startswith("39 JSON")  # (base + 12 runs) x 3 tasks
+    peak = lines["peak disk of the experiment"]["bytes"]
+    assert peak == sum(v["bytes"] for k, v in lines.items() if k != "peak disk of the experiment")
+    kept = {**config, "keep_states_after_final": True}
+    path.write_text(yaml.safe_dump(kept))
+    keeping = {line["name"]: line for line in experiment_lines_of(str(path))}
+    assert keeping["sft: training states"]["bytes"] == pytest.approx(state * (6 * 2 + 2))
+    refused = run_cli("plan", "--config", path, "--gpus-per-node", "8")
+    assert refused.returncode == 2
+    assert "--config: takes the model, GPUs and training flags" in refused.stderr
