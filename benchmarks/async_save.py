@@ -147,9 +147,16 @@ def report(gathered: list, params: int, args: argparse.Namespace) -> None:
               f"(median): sync {sync:.2f} s; async {med(blocked):.3f} s "
               f"(staging {med(times['async_stage']):.3f} s + waiting at the next save "
               f"{med(times['async_wait']):.3f} s) = {med(blocked) / sync:.3f}x sync")  # fmt: skip
+        print(f"rank {rank}: each save, sync: {_seconds(times['sync'])}; async staging: "
+              f"{_seconds(times['async_stage'])} (the first allocates the host copy, later ones "
+              "write into it)")  # fmt: skip
         print(f"rank {rank}: step time (median): {med(times['step_idle']):.2f} s with no write "
               f"in flight, {med(times['step_writing']):.2f} s while the background write "
               "runs")  # fmt: skip
+
+
+def _seconds(values: list[float]) -> str:
+    return ", ".join(f"{value:.3f}" for value in values) + " s"
 
 
 if __name__ == "__main__":
