@@ -500,6 +500,12 @@ def test_full_run_second_run_does_nothing(full_run):
     assert not list(full_run.glob("results/train/*/*/stage*/*/state"))
     result = check(snakemake(full_run, "-n"))
     assert "Nothing to be done" in result.stdout + result.stderr
+    # Keeping states from now on is a resource of the train jobs, no parameter: nothing reruns.
+    kept = write_config(full_run, {**_full_config(), "keep_states_after_final": True},
+                        "config/keep-states.yaml")  # fmt: skip
+    args = ("-n", "--configfile", str(kept), "--replace-workflow-config")
+    result = check(snakemake(full_run, *args))
+    assert "Nothing to be done" in result.stdout + result.stderr
 
 
 @pytest.mark.slow

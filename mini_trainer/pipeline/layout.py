@@ -208,14 +208,9 @@ def start_model(config: Config, method: str, lr: str, stage: int) -> str:
 
 
 def training_options(config: Config, method: str, lr: str, stage: int) -> dict[str, Any]:
-    """Every flag of (method, lr, stage)'s training job, except the output folder.
-
-    `drop_states_after_final` is added here, not in the run key's options: keeping or dropping
-    a finished run's states changes nothing it trains, so toggling `keep_states_after_final`
-    retrains nothing."""
-    options = _stage_options(config, method, lr, stage, _previous_run(config, method, lr, stage))
-    options["drop_states_after_final"] = not config.get("keep_states_after_final", False)
-    return options
+    """Every flag of (method, lr, stage)'s training job, except the output folder (and
+    `--drop-states-after-final`: `commands.drop_states_flag`)."""
+    return _stage_options(config, method, lr, stage, _previous_run(config, method, lr, stage))
 
 
 def _stage_options(

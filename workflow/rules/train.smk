@@ -38,6 +38,9 @@ rule train:
         # that ended with exit 2 (bad input) or 3 (diverged) stops at once, with the same status
         # (mini_trainer/distributed/retry.py); 75 (preempted) and 1 (a crash) run again.
         attempt=lambda wildcards, attempt: attempt,
+        # 1: the job deletes its state/ once final/ is written (keep_states_after_final: false).
+        # A resource, not a param: changing it must not rerun finished jobs, whose states are gone.
+        drop_states=drop_states_resource(),
     conda:
         "../envs/mini-trainer.yaml"
     shell:
@@ -52,4 +55,5 @@ rule train:
         " MINI_TRAINER_STOP_WITH_PID=$PPID MINI_TRAINER_ATTEMPT={resources.attempt}"
         " OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
         " {params.launcher}"
-        " {params.flags} --output-dir {params.run_dir:q} --resume auto > {log} 2>&1"
+        " {params.flags} $( [ {resources.drop_states} = 1 ] && echo --drop-states-after-final )"
+        " --output-dir {params.run_dir:q} --resume auto > {log} 2>&1"
