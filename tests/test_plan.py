@@ -262,6 +262,7 @@ def test_plan_config_prints_the_whole_experiments_peak_disk(tmp_path):
     import yaml
 
     from mini_trainer.cli.training import experiment_lines_of
+    from mini_trainer.plan.experiment import EVALUATION_BYTES, MethodDisk, experiment_lines
 
     config = yaml.safe_load((REPO_ROOT / "config/examples/llama-3.1-8b-8gpu.yaml").read_text())
     config["model"] = str(LLAMA_8B)  # its config.json: no Hub, no weights
@@ -276,10 +277,13 @@ def test_plan_config_prints_the_whole_experiments_peak_disk(tmp_path):
     assert lines["evaluations"]["note"].startswith("39 JSON")  # (base + 12 runs) x 3 tasks
     peak = lines["peak disk of the experiment"]["bytes"]
     assert peak == sum(v["bytes"] for k, v in lines.items() if k != "peak disk of the experiment")
-    kept = {**config, "keep_states_after_final": True}
-    path.write_text(yaml.safe_dump(kept))
-    keeping = {line["name"]: line for line in experiment_lines_of(str(path))}
-    assert keeping["sft: training states"]["bytes"] == pytest.approx(state * (6 * 2 + 2))
+    # keep_states_after_final: every run's 2 states stay, and each running job writes one more
+    sft = MethodDisk("sft", runs=6, chains=2, svd_caches=0, keep_states=2, state_bytes=10,
+                     checkpoint_bytes=3, svd_bytes=0)  # fmt: skip
+    keeping = {line["name"]: line["bytes"] for line in experiment_lines([sft], True, True, 1)}
+    assert keeping["sft: training states"] == (6 * 2 + 2) * 10
+    assert keeping["sft: final/ and best/ of 6 run(s)"] == 12 * 3
+    assert keeping["peak disk of the experiment"] == 140 + 36 + EVALUATION_BYTES
     refused = run_cli("plan", "--config", path, "--gpus-per-node", "8")
     assert refused.returncode == 2
     assert "--config: takes the model, GPUs and training flags" in refused.stderr
