@@ -152,7 +152,8 @@ def write_state(
         _write_synced(tmp / f"rng_rank{runtime.rank}.pt", rng)
         if trainer_json is not None:
             _write_synced(tmp / TRAINER_STATE, trainer_json)
-    except OSError as caught:  # every rank learns of it, so none waits in the next collective
+    # (torch.save reports a full disk as a RuntimeError: save_guard.py finds the cause)
+    except (OSError, RuntimeError) as caught:  # every rank learns of it: none waits below
         error = caught
     _every_rank_wrote(error, runtime, group)
     write_checksums(tmp, runtime, group)
@@ -163,7 +164,7 @@ def write_state(
     dist.barrier(group=group)
 
 
-def _every_rank_wrote(error: OSError | None, runtime: Runtime, group) -> None:
+def _every_rank_wrote(error: Exception | None, runtime: Runtime, group) -> None:
     """Raise `error` on its rank, and an OSError naming the failed rank on the others."""
     errors: list = [error]
     if dist.is_initialized() and runtime.world_size > 1:
