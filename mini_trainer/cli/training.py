@@ -23,6 +23,12 @@ from mini_trainer.train import main as train_main
 from mini_trainer.train import pin_commit_flags
 from mini_trainer.training_args import parse_training_args
 
+DROP_STATES_ENV = "MINI_TRAINER_DROP_STATES"
+"""1: `launch` adds --drop-states-after-final. The pipeline's train rule sets it from its
+`drop_states` resource, not its flags: a change of `keep_states_after_final` then reruns no
+finished job (Snakemake reruns a job whose parameters changed)."""
+DROP_STATES_FLAG = "--drop-states-after-final"
+
 
 @cli.command(
     "train",
@@ -77,6 +83,8 @@ def launch(
     error printed once, exit status 0, 2, 3, 75 or 1 (docs/training.md). See docs/slurm.md.
     """
     flags = list(train_args)
+    if os.environ.get(DROP_STATES_ENV) == "1" and DROP_STATES_FLAG not in flags:
+        flags.append(DROP_STATES_FLAG)  # the pipeline's keep_states_after_final: false
     parse_training_args(flags)  # a bad flag fails here, before any process or node starts
     env = with_allocation(os.environ)
     if env.get("SLURM_JOB_ID") and "SLURM_STEP_ID" not in env:  # srun starts one per node:

@@ -105,8 +105,9 @@ def train_node_resources(config: Config) -> dict[str, Any]:
 
 
 def drop_states_resource(config: Config) -> int:
-    """1 when training jobs delete their states once final/ is written (`--drop-states-after-
-    final`), 0 with `keep_states_after_final: true`.
+    """1 when training jobs delete their states once final/ is written (the train rule sets
+    MINI_TRAINER_DROP_STATES to it; `launch` then adds `--drop-states-after-final`), 0 with
+    `keep_states_after_final: true`.
 
     A Snakemake resource of the train rule, not a parameter or a flag of its `params`: Snakemake
     reruns a job whose parameters changed, and a finished run whose states are gone would then
