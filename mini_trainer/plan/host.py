@@ -44,8 +44,8 @@ def host_and_disk(
             {
                 "name": "async save: staged state (--async-save)",
                 "bytes": gpus_per_node * (counts.shard_params * param_bytes + state_bytes),
-                "note": "every rank's shard of weights and moments, copied (pinned) while "
-                "its background write runs",
+                "note": "every rank's shard of weights and moments, copied (pinned) for the "
+                "background write; held for the run, each save writes into it",
             }
         )
     load = 2 * largest
