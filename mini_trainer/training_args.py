@@ -122,6 +122,18 @@ class _RunOptions:
         None, "Write state/step_<K>/ every K optimizer steps.", minimum=1
     )
     keep_states: int = _arg(2, "Keep only the newest N state folders.", minimum=1)
+    async_save: bool = _arg(
+        False,
+        "Write training states in the background: the state is copied to host memory (pinned "
+        "on CUDA) and training goes on while a thread writes, hashes and publishes it; at most "
+        "one save in flight; the end of the run and a stop wait for it (docs/training.md).",
+    )
+    drop_states_after_final: bool = _arg(
+        False,
+        "Delete state/ once final/ is written: a finished run keeps its weights, not its "
+        "training states (the pipeline's default; standalone runs keep them unless asked). "
+        "Needs --save-final-checkpoint.",
+    )
     activation_checkpointing: bool = _arg(False, "Recompute activations in backward.")
     compile: bool = _arg(False, "torch.compile each decoder layer (docs/training.md).")
     cpu_offload: bool = _arg(False, "FSDP2 CPU offload of parameters and gradients (CUDA).")
@@ -241,6 +253,13 @@ class TrainingArgs(*reversed(REGISTERED), _RunOptions):  # type: ignore[misc]
                 f"--num-warmup-steps: {self.num_warmup_steps} is more than --max-steps "
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
+        if self.async_save and self.optimizer == "adamw-8bit":
+            yield (
+                "--async-save: not with --optimizer adamw-8bit (its quantized moments are not "
+                "staged to host memory); save synchronously"
+            )
+        if self.drop_states_after_final and not self.save_final_checkpoint:
+            yield "--drop-states-after-final: needs --save-final-checkpoint"
         for group in REGISTERED:
             yield from group.method_problems(self, group.name == self.method)
         yield from self._context_parallel_problems()

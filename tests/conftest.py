@@ -66,6 +66,24 @@ def trained_run(demo_dir, tmp_path_factory):
     return types.SimpleNamespace(out=out, flags=flags, steps=4, result=result)
 
 
+@pytest.fixture(scope="module")
+def world_of_one():
+    """A gloo process group of one rank in this test process (FSDP2 needs one)."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    from mini_trainer.distributed.runtime import Runtime
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    yield Runtime(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
+    dist.destroy_process_group()
+
+
 # Headless Chromium (installed with apt-get as root where missing) and the shared full pipeline
 # run, for the report page's browser test and the pipeline tests.
 from browser import chromium  # noqa: E402, F401

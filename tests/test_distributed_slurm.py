@@ -186,10 +186,14 @@ def launch_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_cli_dry_run_prints_the_plan():
-    result = launch_cli("--nproc-per-node", "2", "--dry-run", "--", *FLAGS, env=task_env(2))
+    """(With the pipeline's MINI_TRAINER_DROP_STATES=1, the job drops its states after final/.)"""
+    result = launch_cli("--nproc-per-node", "2", "--dry-run", "--", *FLAGS,
+                        "--save-final-checkpoint",
+                        env={**task_env(2), "MINI_TRAINER_DROP_STATES": "1"})  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "--node-rank 2" in result.stdout
     assert "-m mini_trainer.train --model-name-or-path m" in result.stdout
+    assert result.stdout.count("--drop-states-after-final") == 1
 
 
 def test_cli_checks_training_flags_before_starting_anything():

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
-import torch.distributed as dist
 from families import (
     FAMILIES,
     RTOL,
@@ -28,19 +26,7 @@ from helpers import REPO_ROOT, subprocess_env
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from mini_trainer.distributed.runtime import Runtime
 from mini_trainer.training.checkpoint import save_hf_checkpoint
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    """A gloo process group of one rank in this test process (FSDP2 needs one)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield Runtime(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"))
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("name", [family.name for family in FAMILIES])

@@ -280,6 +280,7 @@ def test_config_keys_cover_the_training_flags():
         "model_revision",  # the commit of the top-level model_revision (a Hub model)
         "validation_data_path", "save_best",
         "ewc_fisher",  # the ewc_fisher rule's folder of the previous stage
+        "drop_states_after_final",  # from keep_states_after_final, through a resource
     }  # fmt: skip
     fields = {f.name for f in dataclasses.fields(TrainingArgs)}
     assert options <= fields
@@ -497,7 +498,16 @@ def test_one_method_change_reruns_only_that_method(full_run):
 
 @pytest.mark.slow
 def test_full_run_second_run_does_nothing(full_run):
+    """Nothing reruns, although every finished run dropped its states (final/ is the output)."""
+    assert len(list(full_run.glob("results/train/*/*/stage*/*/final"))) == 5
+    assert not list(full_run.glob("results/train/*/*/stage*/*/state"))
     result = check(snakemake(full_run, "-n"))
+    assert "Nothing to be done" in result.stdout + result.stderr
+    # Keeping states from now on is a resource of the train jobs, no parameter: nothing reruns.
+    kept = write_config(full_run, {**_full_config(), "keep_states_after_final": True},
+                        "config/keep-states.yaml")  # fmt: skip
+    args = ("-n", "--configfile", str(kept), "--replace-workflow-config")
+    result = check(snakemake(full_run, *args))
     assert "Nothing to be done" in result.stdout + result.stderr
 
 

@@ -145,6 +145,18 @@ def test_training_options_merge_method_over_shared(demo):
     assert named == "sft-lr0.003-stage3-sort_plus1"
 
 
+def test_finished_runs_drop_their_states_unless_the_config_keeps_them(demo):
+    """A job drops its states once final/ is written (keep_states_after_final: false, the
+    default). The choice is a resource of the train job: no run key, flag or parameter changes,
+    so changing it reruns no finished job (whose states are gone)."""
+    assert pipeline.drop_states_resource(demo) == 1
+    kept = load({**demo, "keep_states_after_final": True})
+    assert pipeline.drop_states_resource(kept) == 0
+    for run in pipeline.sweep(demo):
+        assert pipeline.run_dir(kept, *run) == pipeline.run_dir(demo, *run)
+        assert pipeline.training_options(kept, *run) == pipeline.training_options(demo, *run)
+
+
 def test_svd_folders_are_named_after_their_weights(demo):
     assert pipeline.svd_dir(demo, "osft", "0.01", 1) == "results/osft_svd/base/default-targets"
     assert pipeline.svd_dir(demo, "osft", "0.03", 1) == pipeline.svd_dir(demo, "osft", "0.01", 1)
@@ -486,11 +498,12 @@ def test_options_are_the_fields_the_pipeline_does_not_set():
     assert list(options) == [f for f in fields if f not in schema.SET_BY_PIPELINE]
     assert set(schema.SET_BY_PIPELINE) <= set(fields)
     set_here = set(pipeline.training_options(small(), "sft", "0.01", 1))
-    # The train rule adds the output folder and --resume; OSFT, EWC (stage 2 on), wandb, a
-    # validation file and a Hub model (its commit) add the others.
+    # The train rule adds the output folder, --resume and --drop-states-after-final (from its
+    # drop_states resource); OSFT, EWC (stage 2 on), wandb, a validation file and a Hub model
+    # (its commit) add the others.
     assert set(schema.SET_BY_PIPELINE) - set_here == {
         "output_dir", "resume", "osft_svd_cache", "ewc_fisher", "wandb_run_name",
-        "validation_data_path", "save_best", "model_revision",
+        "validation_data_path", "save_best", "model_revision", "drop_states_after_final",
     }  # fmt: skip
 
 

@@ -242,3 +242,48 @@ def test_plan_reports_the_longest_sample_with_and_without_context_parallelism():
     assert longest["without_cp"] < longest["with_cp"] < 8 * longest["without_cp"]
     assert longest["with_cp"] == 8 * gpu["largest_max_tokens_per_gpu"]  # one chunk per GPU
     assert "longest single sample that fits" in table(plan)
+
+
+def test_async_save_stages_every_ranks_state_shard_in_host_memory():
+    """`--async-save` adds a host line per node: weights and moments of each rank's shard."""
+    cluster = Cluster(nodes=1, gpus_per_node=8, gpu_memory_gib=80, device="cuda")
+    plain = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096"])
+    staged = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096",
+                                                      "--async-save"])  # fmt: skip
+    names = {line["name"]: line["bytes"] for line in staged["per_node"]["host"]}
+    (added,) = set(names) - {line["name"] for line in plain["per_node"]["host"]}
+    # fp32 weights and two fp32 moments of 8.03B parameters, over the node's 8 GPUs together
+    assert names[added] == pytest.approx(8.03e9 * 12, rel=0.01)
+
+
+def test_plan_config_prints_the_whole_experiments_peak_disk(tmp_path):
+    """`plan --config`: the 8B example's sweep (2 methods x 2 rates x 3 stages), each method
+    planned once; the peak is the sum of its lines, their counts from the DAG."""
+    import yaml
+
+    from mini_trainer.cli.training import experiment_lines_of
+    from mini_trainer.plan.experiment import EVALUATION_BYTES, MethodDisk, experiment_lines
+
+    config = yaml.safe_load((REPO_ROOT / "config/examples/llama-3.1-8b-8gpu.yaml").read_text())
+    config["model"] = str(LLAMA_8B)  # its config.json: no Hub, no weights
+    del config["model_revision"]
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    lines = {line["name"]: line for line in experiment_lines_of(str(path))}
+    state = lines["sft: training states"]["bytes"] / 6  # 2 rates at once, 2 kept + 1 written
+    assert state == pytest.approx(8.03e9 * 12, rel=0.01)  # fp32 weights and two moments
+    assert lines["sft: final/ of 6 run(s)"]["bytes"] == pytest.approx(6 * 8.03e9 * 2, rel=0.01)
+    assert lines["osft: SVD caches"]["note"].startswith("5 x ")  # base, then per rate and stage
+    assert lines["evaluations"]["note"].startswith("39 JSON")  # (base + 12 runs) x 3 tasks
+    peak = lines["peak disk of the experiment"]["bytes"]
+    assert peak == sum(v["bytes"] for k, v in lines.items() if k != "peak disk of the experiment")
+    # keep_states_after_final: every run's 2 states stay, and each running job writes one more
+    sft = MethodDisk("sft", runs=6, chains=2, svd_caches=0, keep_states=2, state_bytes=10,
+                     checkpoint_bytes=3, svd_bytes=0)  # fmt: skip
+    keeping = {line["name"]: line["bytes"] for line in experiment_lines([sft], True, True, 1)}
+    assert keeping["sft: training states"] == (6 * 2 + 2) * 10
+    assert keeping["sft: final/ and best/ of 6 run(s)"] == 12 * 3
+    assert keeping["peak disk of the experiment"] == 140 + 36 + EVALUATION_BYTES
+    refused = run_cli("plan", "--config", path, "--gpus-per-node", "8")
+    assert refused.returncode == 2
+    assert "--config: takes the model, GPUs and training flags" in refused.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,6 +167,8 @@ def test_step_is_exact_whatever_the_split(demo_dir, tmp_path):
 
 
 def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
+    """2 ranks: a run SIGKILLed while a background save (--async-save) writes a state, resumed,
+    ends with the weights of an uninterrupted synchronous run, bit for bit."""
     flags = {
         "training-mode": "step",
         "max-steps": 20,
@@ -176,32 +179,56 @@ def test_resume_after_sigkill_matches_uninterrupted_run(demo_dir, tmp_path):
     run_torchrun(*base_flags(demo_dir, straight, **flags))
 
     killed = tmp_path / "killed"
-    argv = torchrun_command(*base_flags(demo_dir, killed, **flags, **{"save-every-steps": 5}))
-    kill_when_saved(argv, killed / "state" / "step_5")
+    saving = {"save-every-steps": 5, "async-save": True}
+    argv = torchrun_command(*base_flags(demo_dir, killed, **flags, **saving))
+
+    def writing():  # a published state, and a later one's files being written
+        return (killed / "state" / "step_5").exists() and any(
+            (killed / "state").glob(".step_*.tmp-*/*.distcp")
+        )
+
+    for _ in range(3):  # killed during the write (its folder left unpublished), not after it
+        shutil.rmtree(killed, ignore_errors=True)
+        kill_when_saved(argv, killed / "state" / "step_5", ready=writing)
+        interrupted = [
+            p.name for p in (killed / "state").glob(".step_*.tmp-*") if any(p.glob("*.distcp"))
+        ]
+        published = [p.name for p in (killed / "state").glob("step_*")]
+        if interrupted:
+            break
+    assert interrupted, "never killed during a background write"
+    unpublished = interrupted[0].split(".tmp-")[0][1:]  # .step_K.tmp-xxxx -> step_K
+    assert unpublished not in published and "step_5" in published
     assert not (killed / "state" / "step_20").exists(), "killed too late to test a resume"
 
-    # The resumed run keeps only the newest state (--keep-states 1): older ones are pruned.
-    resumed = {"save-every-steps": 5, "resume": True, "keep-states": 1}
+    # The resumed run keeps only the newest state (--keep-states 1): older ones are pruned; its
+    # start removed the interrupted write's temporary folder.
+    resumed = {**saving, "resume": True, "keep-states": 1}
     result = run_torchrun(*base_flags(demo_dir, killed, **flags, **resumed))
     resumed_at = int(result.stderr.split("resumed from ")[1].split("(step ")[1].split(")")[0])
-    assert 5 <= resumed_at < 20
+    assert 5 <= resumed_at < int(unpublished.removeprefix("step_"))
     assert [r["step"] for r in read_metrics(killed)] == list(range(1, 21))
-    assert_weights_close(final_weights(killed), final_weights(straight), rtol=1e-6)
+    got, expected = final_weights(killed), final_weights(straight)
+    assert all(torch.equal(got[key], expected[key]) for key in expected)
     states = sorted(p.name for p in (killed / "state").iterdir())
     assert states == ["step_20"]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])  # SIGUSR1: test_launcher
 def test_signal_saves_state_and_exits_with_documented_status(demo_dir, tmp_path, signum):
+    """SIGTERM's run saves in the background after every step (--async-save): the stop waits
+    for the write in flight and its own, and exits 75 with the last step's state published."""
     from mini_trainer.distributed.preemption import EXIT_PREEMPTED
 
     out = tmp_path / "run"
+    saving = {"async-save": True, "save-every-steps": 1, "keep-states": 1}
     argv = [
         sys.executable,
         "-m",
         "mini_trainer.train",
-        *base_flags(demo_dir, out, **{"training-mode": "infinite"}),
-    ]
+        *base_flags(demo_dir, out, **{"training-mode": "infinite"},
+                    **(saving if signum == signal.SIGTERM else {})),
+    ]  # fmt: skip
     process = subprocess.Popen(
         argv,
         env=subprocess_env(),
@@ -220,7 +247,7 @@ def test_signal_saves_state_and_exits_with_documented_status(demo_dir, tmp_path,
     assert process.returncode == EXIT_PREEMPTED, stderr
     assert "Traceback" not in stderr
     assert f"stopped by {signal.Signals(signum).name}" in stderr
-    states = list((out / "state").iterdir())
+    states = list((out / "state").iterdir())  # no temporary folder left either
     assert len(states) == 1 and states[0].name.startswith("step_")
     step = int(states[0].name.removeprefix("step_"))
     assert read_metrics(out)[-1]["step"] == step

@@ -15,12 +15,19 @@ from mini_trainer.distributed.lifetime import STOP_WITH_ENV
 from mini_trainer.distributed.slurm import plan_launch, with_allocation
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import split_launcher_args
+from mini_trainer.plan.experiment import render as render_experiment
 from mini_trainer.plan.inputs import Cluster, make_plan
 from mini_trainer.plan.render import table
 from mini_trainer.train import launch as launch_training
 from mini_trainer.train import main as train_main
 from mini_trainer.train import pin_commit_flags
 from mini_trainer.training_args import parse_training_args
+
+DROP_STATES_ENV = "MINI_TRAINER_DROP_STATES"
+"""1: `launch` adds --drop-states-after-final. The pipeline's train rule sets it from its
+`drop_states` resource, not its flags: a change of `keep_states_after_final` then reruns no
+finished job (Snakemake reruns a job whose parameters changed)."""
+DROP_STATES_FLAG = "--drop-states-after-final"
 
 
 @cli.command(
@@ -76,6 +83,8 @@ def launch(
     error printed once, exit status 0, 2, 3, 75 or 1 (docs/training.md). See docs/slurm.md.
     """
     flags = list(train_args)
+    if os.environ.get(DROP_STATES_ENV) == "1" and DROP_STATES_FLAG not in flags:
+        flags.append(DROP_STATES_FLAG)  # the pipeline's keep_states_after_final: false
     parse_training_args(flags)  # a bad flag fails here, before any process or node starts
     env = with_allocation(os.environ)
     if env.get("SLURM_JOB_ID") and "SLURM_STEP_ID" not in env:  # srun starts one per node:
@@ -102,9 +111,14 @@ def launch(
     context_settings={"ignore_unknown_options": True},
 )
 @click.option(
-    "--model", required=True, metavar="FOLDER|ORG/NAME",
+    "--config", "config_file", default=None, metavar="FILE",
+    help="A pipeline config (config/config.yaml): print the whole experiment's peak disk "
+    "instead (every run, SVD cache and evaluation; the flags below come from the config).",
+)  # fmt: skip
+@click.option(
+    "--model", default=None, metavar="FOLDER|ORG/NAME",
     help="Model folder, or Hugging Face Hub id ORG/NAME (no weights are fetched); only its "
-    "config.json is read.",
+    "config.json is read (required without --config).",
 )  # fmt: skip
 @click.option(
     "--model-revision", default=None, metavar="REV",
@@ -115,14 +129,15 @@ def launch(
     "--nodes", type=click.IntRange(min=1), default=1, show_default=True, help="Nodes in the job."
 )
 @click.option(
-    "--gpus-per-node", type=click.IntRange(min=1), required=True,
-    help="GPUs per node (processes per node with --device cpu).",
+    "--gpus-per-node", type=click.IntRange(min=1), default=None,
+    help="GPUs per node (processes per node with --device cpu); required without --config.",
 )  # fmt: skip
 @click.option(
     "--gpu-memory-gib",
     type=POSITIVE_FINITE,
-    required=True,
-    help="Memory of one GPU (or, with --device cpu, the host memory per rank).",
+    default=None,
+    help="Memory of one GPU (or, with --device cpu, the host memory per rank); required "
+    "without --config.",
 )
 @click.option(
     "--gpu",
@@ -156,10 +171,10 @@ def launch(
     help="Exit with status 4 (after printing the plan) when the peak does not fit.",
 )
 @click.argument("train_flags", nargs=-1, type=click.UNPROCESSED)
-def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
-         gpu_memory_gib: float, gpu_name: str | None, peak_tflops: float | None,
-         bandwidth_gbs: float | None, device: str, as_json: bool, require_fit: bool,
-         train_flags: tuple[str, ...]) -> None:  # fmt: skip
+def plan(config_file: str | None, model: str | None, model_revision: str | None, nodes: int,
+         gpus_per_node: int | None, gpu_memory_gib: float | None, gpu_name: str | None,
+         peak_tflops: float | None, bandwidth_gbs: float | None, device: str, as_json: bool,
+         require_fit: bool, train_flags: tuple[str, ...]) -> None:  # fmt: skip
     """Per-GPU memory of a training configuration, from MODEL's config.json alone.
 
     TRAIN_FLAGS are `train`'s own flags, same names and checks: --max-tokens-per-gpu T
@@ -171,10 +186,28 @@ def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
     margin, and the largest T that fits. Per node: host memory and disk. Step time is an
     estimate at a stated peak and bandwidth. Exit status 2 on bad input; 0 whether or not it
     fits (the JSON's per_gpu.fits says), or 4 with --require-fit when it does not.
+    With --config FILE (a pipeline config), the peak disk of the whole experiment instead.
     See docs/plan.md.
     """
     # deferred: torch
     from mini_trainer.training.flops import peak_flops
+
+    if config_file is not None:
+        given = [flag for flag, value in (("--model", model), ("--gpus-per-node", gpus_per_node),
+                 ("--gpu-memory-gib", gpu_memory_gib)) if value is not None]  # fmt: skip
+        if given or train_flags:
+            extra = " ".join(given + list(train_flags))
+            raise UserError(
+                f"--config: takes the model, GPUs and training flags from the config; got {extra}"
+            )
+        lines = experiment_lines_of(config_file)
+        click.echo(json.dumps(lines, indent=2) if as_json else render_experiment(
+            lines, f"{config_file}: disk of the whole experiment"))  # fmt: skip
+        return
+    for flag, value in (("--model", model), ("--gpus-per-node", gpus_per_node),
+                        ("--gpu-memory-gib", gpu_memory_gib)):  # fmt: skip
+        if value is None:
+            raise UserError(f"{flag}: required (or --config FILE for a whole experiment)")
 
     if gpu_name is not None and peak_flops(gpu_name) is None and peak_tflops is None:
         raise UserError(f"--gpu: unknown GPU name {gpu_name!r} (pass --peak-tflops instead)")
@@ -191,3 +224,43 @@ def plan(model: str, model_revision: str | None, nodes: int, gpus_per_node: int,
             err=True,
         )
         sys.exit(4)
+
+
+def experiment_lines_of(path: str) -> list[dict]:
+    """The disk lines of the experiment a pipeline config describes (`plan/experiment.py`):
+    the config checked as the Snakefile checks it, each method planned once on its options."""
+    # deferred: the pipeline's modules import snakemake
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    from mini_trainer.pipeline import checks, commands, experiment, layout, planning, schema
+    from mini_trainer.plan.experiment import MethodDisk, experiment_lines
+
+    try:
+        config = checks.read_config_file(path)
+        validate(config, str(schema.REPO_ROOT / schema.SCHEMA_FILE))  # fills in the defaults
+        checks.check_config(config)
+    except WorkflowError as error:
+        raise UserError(f"{path}: {str(error).splitlines()[0]}") from None
+    launch = config["launch"]
+    gpus = launch["gpus_per_node"]
+    cluster = Cluster(launch["nodes"], gpus or launch["nproc_per_node"],
+                      launch.get("gpu_memory_gib", 1.0), "cuda" if gpus else "cpu")  # fmt: skip
+    found = experiment.experiment(config)
+    methods = []
+    for name, runs in found.methods.items():
+        if not runs.runs:
+            continue
+        flags = commands.cli_flags(planning.plan_training_options(config, name))
+        result = make_plan(layout.base_model(config), config.get("model_revision"), cluster,
+                           shlex.split(flags))  # fmt: skip
+        disk = {line["name"]: line["bytes"] for line in result["per_node"]["disk"]}
+        lr = layout.lr_str(config["methods"][name]["learning_rates"][0])
+        keep = checks.method_training_args(config, name, lr).keep_states
+        methods.append(MethodDisk(
+            name, runs.runs, runs.chains, runs.svd_caches, keep,
+            disk["a training state (state/step_K)"], disk["a Hugging Face checkpoint"],
+            disk.get("the SVD cache", 0),
+        ))  # fmt: skip
+    return experiment_lines(methods, found.keep_states_after_final, found.best,
+                            found.evaluations)  # fmt: skip

@@ -74,10 +74,12 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def broadcast_object(obj, runtime: Runtime):
-    """Rank 0's `obj` on every rank (pickled; for small objects and error reports)."""
+def broadcast_object(obj, runtime: Runtime, group=None):
+    """Rank 0's `obj` on every rank (pickled; for small objects and error reports). `group`: a
+    gloo group of every rank (a background save's), else the default group."""
     box = [obj if runtime.is_main else None]
-    dist.broadcast_object_list(box, src=0, device=runtime.device if runtime.is_cuda else None)
+    device = runtime.device if runtime.is_cuda and group is None else None
+    dist.broadcast_object_list(box, src=0, group=group, device=device)
     return box[0]
 
 

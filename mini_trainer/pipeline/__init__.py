@@ -21,6 +21,7 @@ from mini_trainer.pipeline.checks import (
 )
 from mini_trainer.pipeline.commands import (
     cli_flags,
+    drop_states_resource,
     eval_pairs,
     manifest_flags,
     manifest_inputs,
@@ -150,6 +151,7 @@ __all__ = [
     "torchrun_launcher",
     "train_file",
     "train_inputs",
+    "drop_states_resource",
     "train_node_resources",
     "train_threads",
     "training_options",

@@ -106,6 +106,18 @@ def train_node_resources(config: Config) -> dict[str, Any]:
     return resources
 
 
+def drop_states_resource(config: Config) -> int:
+    """1 when training jobs delete their states once final/ is written (the train rule sets
+    MINI_TRAINER_DROP_STATES to it; `launch` then adds `--drop-states-after-final`), 0 with
+    `keep_states_after_final: true`.
+
+    A Snakemake resource of the train rule, not a parameter or a flag of its `params`: Snakemake
+    reruns a job whose parameters changed, and a finished run whose states are gone would then
+    train again from step 1. So changing the key reruns nothing; it applies to the jobs that run
+    afterwards (and does not bring back states already dropped)."""
+    return 0 if config.get("keep_states_after_final", False) else 1
+
+
 def train_threads(config: Config) -> int:
     """CPU slots a training job takes: one per process on CPU, else the configured threads."""
     configured = config["resources"].get("train", {}).get("threads")

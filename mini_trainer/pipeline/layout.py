@@ -10,6 +10,8 @@
     results/ewc_fisher/{method}/lr{lr}/stage{i}/{key}/   ewc_fisher of a stage's final weights
     results/train/{method}/lr{lr}/stage{i}/{key}/    a training run folder (resumable)
         final/                                       ... its only declared output
+        state/step_K/                                ... while it trains (dropped once final/
+                                                         is written, unless keep_states_after_final)
         best/                                        ... with a validation file (--save-best)
     results/interpolate/{method}/lr{lr}/stage{i}/{key}/wise{pct}/   interpolate (WiSE-FT)
     results/eval/{base | method/lr{lr}/stage{i}}/{task}.json                  evaluate
@@ -260,7 +262,8 @@ def start_model(config: Config, method: str, lr: str, stage: int) -> str:
 
 
 def training_options(config: Config, method: str, lr: str, stage: int) -> dict[str, Any]:
-    """Every flag of (method, lr, stage)'s training job, except the output folder."""
+    """Every flag of (method, lr, stage)'s training job, except the output folder (and
+    `--drop-states-after-final`: `commands.drop_states_flag`)."""
     return _stage_options(config, method, lr, stage, _previous_run(config, method, lr, stage))
 
 

@@ -42,6 +42,7 @@ SET_BY_PIPELINE = (
     "model_revision",  # the commit of the top-level `model_revision` (a Hub model)
     "validation_data_path",
     "save_best",
+    "drop_states_after_final",  # from the top-level `keep_states_after_final`
 )
 """TrainingArgs fields the pipeline sets itself (`layout.training_options`): not options."""
 

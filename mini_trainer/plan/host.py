@@ -20,10 +20,12 @@ def host_and_disk(
     param_bytes: int = 4,
     state_bytes: int | None = None,
     saved_states: int | None = None,
+    async_save: bool = False,
 ) -> tuple[list[dict], list[dict]]:
     """(host lines per node, disk lines); each {name, bytes, note}. `param_bytes`: per element
     of the master weights and gradients; `state_bytes`: rank 0's optimizer state (None: fp32
-    AdamW's); `saved_states`: a saved state's moments, all ranks (None: fp32 AdamW's)."""
+    AdamW's); `saved_states`: a saved state's moments, all ranks (None: fp32 AdamW's);
+    `async_save`: states are staged in host memory (training/async_save.py)."""
     largest = counts.largest_param * 4
     if state_bytes is None:
         state_bytes = 2 * counts.shard_trainable * 4
@@ -35,6 +37,15 @@ def host_and_disk(
                 "bytes": gpus_per_node
                 * ((counts.shard_params + counts.shard_trainable) * param_bytes + state_bytes),
                 "note": "every GPU's shards live in host memory",
+            }
+        )
+    if async_save:
+        host.append(
+            {
+                "name": "async save: staged state (--async-save)",
+                "bytes": gpus_per_node * (counts.shard_params * param_bytes + state_bytes),
+                "note": "every rank's shard of weights and moments, copied (pinned) for the "
+                "background write; held for the run, each save writes into it",
             }
         )
     load = 2 * largest

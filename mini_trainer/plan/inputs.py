@@ -143,6 +143,7 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         saved_states=None
         if args.optimizer == "adamw"
         else setup.optimizer_state_bytes * cluster.world,
+        async_save=args.async_save,
     )
     return {
         "model": str(model_dir),

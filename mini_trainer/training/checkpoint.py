@@ -7,6 +7,7 @@ half folder under the final name, and `--resume` only ever sees complete states.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from mini_trainer.distributed.runtime import Runtime, broadcast_object
 from mini_trainer.io_utils import atomic_path, publish_dir, temp_sibling
 from mini_trainer.models.export import export_hf_weights
+from mini_trainer.training.async_save import BackgroundWriter
 from mini_trainer.training.run_folder import state_dirs
 from mini_trainer.training.state_checksums import write_checksums
 from mini_trainer.training.trainer_state import TRAINER_STATE, TrainerState
@@ -106,24 +108,92 @@ def save_state(
     trainer_state: TrainerState,
     runtime: Runtime,
     keep: int,
+    writer: BackgroundWriter | None = None,
 ) -> Path:
     """Write `state/step_<step>/`: sharded model and optimizer, trainer state, RNG per rank,
-    and last `checksums.json` (every other file's xxh3-64 digest); then publish it by a rename."""
+    and last `checksums.json` (every other file's xxh3-64 digest); then publish it by a rename.
+
+    With a `writer` (`--async-save`) the state is copied to host memory here and written by
+    the writer's background thread (`async_save.py`); the caller waits for it (`writer.wait`)
+    before the next save, at the end and on a stop. Every rank calls this at the same step."""
     final = out_dir / "state" / f"step_{step}"
     tmp = _shared_temp_dir(final, runtime)
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
-    _write_synced(tmp / f"rng_rank{runtime.rank}.pt", _rng_state())
-    if runtime.is_main:
-        _write_synced(tmp / TRAINER_STATE, trainer_state.to_json())
-    dist.barrier()
-    write_checksums(tmp, runtime)
+    content = {"model": model_state, "optim": optim_state}
+    rng = _rng_state()
+    trainer_json = trainer_state.to_json() if runtime.is_main else None
+    if writer is None:
+        write_state(tmp, final, content, rng, trainer_json, runtime, keep)
+    else:
+        staged = writer.stage(content)
+        job = functools.partial(
+            write_state, tmp, final, staged, rng, trainer_json, runtime, keep, writer.group
+        )
+        writer.submit(f"state/step_{step}", job)
+    return final
+
+
+def write_state(
+    tmp: Path,
+    final: Path,
+    content: dict,
+    rng: dict,
+    trainer_json: str | None,
+    runtime: Runtime,
+    keep: int,
+    group=None,
+) -> None:
+    """Write a state's files into `tmp`, agree that every rank wrote its part, hash them
+    (`checksums.json`, last) and publish `tmp` as `final`; prune older states. Every rank,
+    together; the collectives run on `group` (None: the default group)."""
+    dcp.save(content, checkpoint_id=str(tmp), process_group=group)
+    error = None
+    try:
+        _write_synced(tmp / f"rng_rank{runtime.rank}.pt", rng)
+        if trainer_json is not None:
+            _write_synced(tmp / TRAINER_STATE, trainer_json)
+    # (torch.save reports a full disk as a RuntimeError: save_guard.py finds the cause)
+    except (OSError, RuntimeError) as caught:  # every rank learns of it: none waits below
+        error = caught
+    _every_rank_wrote(error, runtime, group)
+    write_checksums(tmp, runtime, group)
     if runtime.is_main:
         publish_dir(tmp, final)
-        _prune_states(out_dir / "state", keep)
+        _prune_states(final.parent, keep)
         log.info("saved training state %s", final)
+    dist.barrier(group=group)
+
+
+def _every_rank_wrote(error: Exception | None, runtime: Runtime, group) -> None:
+    """Raise `error` on its rank, and an OSError naming the failed rank on the others."""
+    errors: list = [error]
+    if dist.is_initialized() and runtime.world_size > 1:
+        errors = [None] * runtime.world_size
+        dist.all_gather_object(errors, None if error is None else str(error), group=group)
+    if error is not None:
+        raise error
+    for rank, failed in enumerate(errors):
+        if failed is not None:
+            raise OSError(f"rank {rank} could not write its part of the state: {failed}")
+
+
+def drop_states(out_dir: Path, runtime: Runtime) -> None:
+    """Delete `state/` of a run whose final/ is published (`--drop-states-after-final`).
+
+    Every rank first passes a barrier (final/ is complete on disk); rank 0 then renames
+    `state/` to a temporary sibling and deletes that, so a crash midway leaves no half-deleted
+    state under `state/` (`remove_stale_temp_dirs` removes the rest at the next start). A
+    later `--resume` finds a FINISHED folder (run_folder.py)."""
     dist.barrier()
-    return final
+    root = out_dir / "state"
+    if runtime.is_main and root.is_dir():
+        size = sum(path.stat().st_size for path in root.rglob("*") if path.is_file())
+        doomed = temp_sibling(root, is_dir=True)
+        os.rmdir(doomed)
+        os.replace(root, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        log.info("final/ written: dropped the run's training states (%s, %d bytes)", root, size)
+    dist.barrier()
 
 
 def remove_stale_temp_dirs(out_dir: Path) -> None:

@@ -53,6 +53,8 @@ MAY_CHANGE_ON_RESUME = (
     "resume",
     "save_every_steps",
     "keep_states",
+    "drop_states_after_final",
+    "async_save",  # when a state is written, not what it holds
     "checkpoint_at_epoch",
     "min_samples_per_checkpoint",
     "save_final_checkpoint",

@@ -27,6 +27,7 @@ from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext, write_description
 from mini_trainer.models.moe import RouterStats, routing, step_fields
 from mini_trainer.training import checkpoint, divergence, resume
+from mini_trainer.training.async_save import BackgroundWriter
 from mini_trainer.training.attention import attention_kwargs
 from mini_trainer.training.checkpoint_policy import checkpoints_due
 from mini_trainer.training.data_setup import load_dataset
@@ -163,6 +164,7 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                 )
                 saver.save_due(due, progress, sampler, scheduler, run_print, validator)
                 if result.stop_requested:
+                    saver.finish_pending()  # exit 75 only with the state published
                     log.warning(
                         "stopped by %s after step %d; state saved; exit status %d "
                         "(run with --resume)",
@@ -179,9 +181,12 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             if logger is not None:
                 logger.close()
 
-        # -- export
+        # -- export (a background state write finishes first: the run ends with it published)
+        saver.finish_pending()
         if args.save_final_checkpoint:
             saver.save_hf("final")
+            if args.drop_states_after_final:  # nothing reads a finished run's states
+                checkpoint.drop_states(out, runtime)
     log.info("done: %d steps, %d samples", progress.step, progress.samples_seen)
     return 0
 
@@ -215,15 +220,25 @@ class Saver:
     def __init__(self, out: Path, args: TrainingArgs, model, optimizer, config, method, runtime):
         self.out, self.args, self.model, self.optimizer = out, args, model, optimizer
         self.config, self.method, self.runtime = config, method, runtime
+        # --async-save: states are written by a background thread (made on every rank here)
+        self.writer = BackgroundWriter(pin=runtime.is_cuda) if args.async_save else None
 
     def save_state(self, trainer_state: TrainerState) -> None:
         step = trainer_state.progress.step
         divergence.check_weights(self.model, self.runtime)
+        self.finish_pending()  # at most one save in flight
         with write_errors(self.out, f"state/step_{step}", self.runtime):
             checkpoint.save_state(
                 self.out, step, self.model, self.optimizer, trainer_state, self.runtime,
-                self.args.keep_states,
+                self.args.keep_states, self.writer,
             )  # fmt: skip
+
+    def finish_pending(self) -> None:
+        """Wait for the background state write in flight, if any; its failure is one line."""
+        if self.writer is None or self.writer.in_flight is None:
+            return
+        with write_errors(self.out, self.writer.in_flight, self.runtime):
+            self.writer.wait()
 
     def save_due(self, due, progress: Progress, sampler, scheduler, fingerprint, validator) -> None:
         """Write what `checkpoints_due` asked for after a step: exports, then the state."""

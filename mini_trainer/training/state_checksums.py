@@ -42,16 +42,17 @@ def listed_files(folder: Path) -> list[tuple[str, int]]:
     return sorted(found, key=lambda item: (-item[1], item[0]))
 
 
-def write_checksums(folder: Path, runtime: Runtime) -> None:
+def write_checksums(folder: Path, runtime: Runtime, group=None) -> None:
     """Every rank: hash a share of `folder`'s files; rank 0 writes `checksums.json` last.
 
-    Call when every other file of the state is written and synced (after a barrier).
+    Call when every other file of the state is written and synced (after a barrier). `group`:
+    the process group of the collectives (a background save's own; None: the default).
     """
     # a lone process (world of one, tests, tools) hashes everything itself, with no collective
     grouped = dist.is_initialized() and runtime.world_size > 1
     files = listed_files(folder) if runtime.is_main else None
     if grouped:
-        files = broadcast_object(files, runtime)
+        files = broadcast_object(files, runtime, group)
     mine = {
         name: {"size": size, ALGORITHM: file_digest(folder / name, ALGORITHM)}
         for name, size in files[runtime.rank :: runtime.world_size]
@@ -59,7 +60,7 @@ def write_checksums(folder: Path, runtime: Runtime) -> None:
     shares: list[dict | None] = [mine]
     if grouped:
         shares = [None] * runtime.world_size
-        dist.all_gather_object(shares, mine)
+        dist.all_gather_object(shares, mine, group=group)
     if runtime.is_main:
         table = {name: entry for share in shares for name, entry in (share or {}).items()}
         text = json.dumps({"algorithm": ALGORITHM, "files": dict(sorted(table.items()))}, indent=1)

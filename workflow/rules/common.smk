@@ -86,6 +86,7 @@ parse_source = pipeline.parse_source
 cli_flags = pipeline.cli_flags
 torchrun_launcher = _bind(pipeline.torchrun_launcher)
 train_node_resources = _bind(pipeline.train_node_resources)
+drop_states_resource = _bind(pipeline.drop_states_resource)
 train_threads = _bind(pipeline.train_threads)
 rule_threads = _bind(pipeline.rule_threads)
 rule_resource = _bind(pipeline.rule_resource)

@@ -38,6 +38,9 @@ rule train:
         # that ended with exit 2 (bad input) or 3 (diverged) stops at once, with the same status
         # (mini_trainer/distributed/retry.py); 75 (preempted) and 1 (a crash) run again.
         attempt=lambda wildcards, attempt: attempt,
+        # 1: the job deletes its state/ once final/ is written (keep_states_after_final: false).
+        # A resource, not a param: changing it must not rerun finished jobs, whose states are gone.
+        drop_states=drop_states_resource(),
     conda:
         "../envs/mini-trainer.yaml"
     shell:
@@ -49,7 +52,10 @@ rule train:
         # (computed here, not as a param, so running with more --cores reruns nothing).
         # MINI_TRAINER_STOP_WITH_PID: the job stops (state saved, exit 75) if this Snakemake is
         # killed, instead of training on unsupervised (mini_trainer/distributed/lifetime.py).
+        # MINI_TRAINER_DROP_STATES=1: `launch` adds --drop-states-after-final (the job deletes its
+        # state/ once final/ is written; keep_states_after_final: true gives 0).
         " MINI_TRAINER_STOP_WITH_PID=$PPID MINI_TRAINER_ATTEMPT={resources.attempt}"
+        " MINI_TRAINER_DROP_STATES={resources.drop_states}"
         " OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
         " {params.launcher}"
         " {params.flags} --output-dir {params.run_dir:q} --resume auto > {log} 2>&1"

@@ -1,0 +1,158 @@
+"""Asynchronous state saves (`--async-save`): copy the state to host memory, write it in the
+background, publish it only when every rank has written and hashed its part.
+
+A synchronous save stops every rank until the last byte is written, checksummed and published
+(`checkpoint.write_state`). With `--async-save` the training thread only copies the state
+(weights, optimizer moments: this rank's shards) to host memory, pinned on CUDA, a plain copy on
+the CPU, takes the RNG and trainer state of that moment, and hands `checkpoint.write_state` to
+one background thread; training continues with the next step while it runs.
+
+- At most one save is in flight: the next save, the end of the run and a stop (SIGTERM/SIGUSR1)
+  first wait for it (`wait`), so a preempted job exits 75 only with its last state published.
+- The background write is the synchronous save itself (same files, same `checksums.json`, same
+  rename under `state/`), so a state is visible only when complete; a SIGKILL during the write
+  leaves a temporary folder (removed at the next start) and the previous state intact.
+- Its collectives (DCP's plan and metadata exchange, the ranks' agreement that every part is
+  written, the shared hashing) run on a process group of their own (gloo, made once at the
+  start, `new_group`), never on the training thread's group: two threads interleaving
+  collectives on one group could pair different operations across ranks.
+- An error in the background (a full disk) is raised by the next `wait`, on the training thread,
+  where `save_guard.write_errors` turns it into its one line as for a synchronous save.
+
+Why not `torch.distributed.checkpoint.async_save` (torch 2.13: a stager, then `save` in a
+thread, on the group it is given): it is the same idea, but the checksums and the publishing
+rename must follow the write on every rank in the same background job, and the files must be
+those of a synchronous save; one job (`checkpoint.write_state`) that both paths run keeps them
+equal by construction, and the staging stays a small function tested here.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+
+def host_copy(tensor: torch.Tensor, pin: bool, reuse=None) -> torch.Tensor:
+    """A copy of `tensor` in host memory that later training never changes (pinned on CUDA,
+    so the copy from the device is asynchronous; synchronized by `BackgroundWriter.submit`).
+    `reuse`: the previous save's copy of it, written over when its shape and dtype match (no
+    new memory to allocate and fault in)."""
+    if isinstance(tensor, DTensor):
+        previous = reuse.to_local() if isinstance(reuse, DTensor) else None
+        local = host_copy(tensor.to_local(), pin, previous)
+        return DTensor.from_local(
+            local, tensor.device_mesh, tensor.placements, run_check=False,
+            shape=tensor.size(), stride=tensor.stride(),
+        )  # fmt: skip
+    tensor = tensor.detach()
+    if (
+        isinstance(reuse, torch.Tensor)
+        and not isinstance(reuse, DTensor)
+        and reuse.size() == tensor.size()
+        and reuse.dtype == tensor.dtype
+        and reuse.device.type == "cpu"
+        and reuse.is_contiguous()
+        and (reuse.is_pinned() or not pin)
+    ):
+        return reuse.copy_(tensor, non_blocking=pin)
+    if tensor.device.type == "cpu":
+        return tensor.clone()
+    out = torch.empty(tensor.size(), dtype=tensor.dtype, pin_memory=pin)
+    return out.copy_(tensor, non_blocking=pin)
+
+
+def stage(state, pin: bool = False, reuse=None):
+    """`state` (nested dicts and lists of tensors and plain values) with every tensor copied to
+    host memory and every other value deep-copied: a snapshot training cannot change. `reuse`:
+    an earlier snapshot of the same structure whose tensors may be written over."""
+    if isinstance(state, torch.Tensor):
+        return host_copy(state, pin, reuse)
+    if isinstance(state, dict):
+        previous = reuse if isinstance(reuse, dict) else {}
+        return {key: stage(value, pin, previous.get(key)) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        same = isinstance(reuse, (list, tuple)) and len(reuse) == len(state)
+        previous = reuse if same else [None] * len(state)
+        return type(state)(stage(v, pin, p) for v, p in zip(state, previous, strict=True))
+    return copy.deepcopy(state)
+
+
+def staged_bytes(state) -> int:
+    """Bytes of the tensors of `state` (this rank's shards): the host memory a staged copy
+    takes while its write runs."""
+    if isinstance(state, DTensor):
+        return staged_bytes(state.to_local())
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(staged_bytes(value) for value in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(staged_bytes(value) for value in state)
+    return 0
+
+
+class BackgroundWriter:
+    """One background thread's worth of state writes, at most one in flight.
+
+    Make it on every rank at the same point (its process group is made collectively)."""
+
+    def __init__(self, pin: bool):
+        self.pin = pin
+        """Stage into pinned host memory (CUDA)."""
+        self.group = dist.new_group(backend="gloo")
+        """The background writes' own process group."""
+        self._future: Future | None = None
+        self._what: str | None = None
+        self._staged = None  # the last snapshot: its memory is reused by the next one
+
+    def stage(self, state):
+        """A host snapshot of `state` (`stage`), written into the previous save's snapshot where
+        the tensors match: the copy then costs no allocation (the host memory stays held for
+        the run, as the plan's host line counts it). Only between writes: never while one is
+        in flight (its snapshot is what it writes)."""
+        if self._future is not None:
+            raise RuntimeError(f"a save is in flight ({self._what}); wait for it first")
+        self._staged = stage(state, self.pin, self._staged)
+        return self._staged
+
+    @property
+    def in_flight(self) -> str | None:
+        """What the write in flight (or finished but not yet waited for) writes, else None."""
+        return self._what
+
+    def submit(self, what: str, job: Callable[[], object]) -> None:
+        """Run `job` (it writes `what`) in the background; the previous write must be waited
+        for first (`wait`), so at most one is in flight."""
+        if self._future is not None:
+            raise RuntimeError(f"{what}: a save is in flight ({self._what}); wait for it first")
+        if self.pin and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the staged copies are complete before the thread reads them
+        future: Future = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(job())
+            except BaseException as error:  # noqa: BLE001 (DCP's CheckpointException included)
+                future.set_exception(error)
+
+        # A daemon thread: a job that dies (an error on the training thread, a lost peer) is not
+        # kept alive by a write stuck in a collective; its temporary folder is removed at the
+        # next start, and the states already published stay.
+        threading.Thread(target=run, name=f"save {what}", daemon=True).start()
+        self._future, self._what = future, what
+
+    def wait(self) -> str | None:
+        """Wait for the write in flight; return what it wrote (None if none was in flight).
+        Its error, if any, is raised here."""
+        future, what = self._future, self._what
+        if future is None:
+            return None
+        self._future, self._what = None, None
+        future.result()
+        return what
