@@ -209,7 +209,8 @@ def test_ewc_penalty_and_its_gradient_match_autograd_of_the_formula(tiny, tmp_pa
 def test_lwf_kl_is_the_full_logits_formula_in_value_and_gradient():
     """Chunked, checkpointed KL(teacher_T || student_T) over the loss rows against the formula
     on whole logits (fp64), with the head's bias, scale and soft-cap; all tokens kept (exact),
-    then the teacher's top 3 (the formula restricted to them)."""
+    then the teacher's top 3: the KL of both distributions coarsened to those 3 tokens and one
+    bucket for the rest, never negative even where the student holds more of the top 3."""
     from mini_trainer.training.lwf import distillation_kl, teacher_top_k
 
     gen = torch.Generator().manual_seed(0)
@@ -233,13 +234,30 @@ def test_lwf_kl_is_the_full_logits_formula_in_value_and_gradient():
         log_q = torch.log_softmax(logits_of(hidden[rows], weight) / temperature, dim=1)
         kept = torch.zeros_like(log_p, dtype=torch.bool)
         kept.scatter_(1, log_p.topk(k, dim=1).indices, True)
-        terms = log_p.exp() * (log_p - log_q)
+        p, q = log_p.exp(), log_q.exp()
+        terms = p * (log_p - log_q)
         expected = torch.where(kept, terms, torch.zeros_like(terms)).sum()
+        if k < v:  # the bucket of the other tokens, from the whole distributions
+            p_rest = torch.where(kept, torch.zeros_like(p), p).sum(dim=1)
+            q_rest = torch.where(kept, torch.zeros_like(q), q).sum(dim=1)
+            expected = expected + (p_rest * (p_rest.log() - q_rest.log())).sum()
         expected_grads = torch.autograd.grad(expected, (hidden, weight))
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
         for a, b in zip(got_grads, expected_grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
     assert got > 1e-3  # a real term, not an empty sum
+    # A student holding more of the teacher's top 3 than the teacher: the 3 terms alone sum
+    # below 0; with the rest's bucket the KL stays positive.
+    sharp = teacher_top_k(t_hidden, t_weight, rows, temperature, 3, **head)
+    log_q = sharp.log_probs.new_full((rows.numel(), v), -30.0)
+    log_q.scatter_(1, sharp.indices, 0.0)
+    student = torch.log_softmax(log_q, dim=1)
+    partial = (sharp.log_probs.exp() * (sharp.log_probs - student.gather(1, sharp.indices))).sum()
+    assert partial < 0
+    one_hot_head = torch.eye(v, dtype=torch.float64)
+    kl = distillation_kl(student * temperature, one_hot_head, torch.arange(rows.numel()), sharp,
+                         temperature)  # fmt: skip
+    assert kl > 0
 
 
 def ewc_flags(demo_dir, out, **extra):

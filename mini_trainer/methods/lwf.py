@@ -31,8 +31,8 @@ class LwFOptions(MethodOptions):
     )
     lwf_top_k: int = option(
         64,
-        "LwF: teacher tokens kept per position (its probabilities exact; the mass outside them "
-        "left out of the KL); at least the vocabulary size: the exact KL.",
+        "LwF: teacher tokens kept per position (its probabilities exact, the rest of its mass one "
+        "bucket of the KL); at least the vocabulary size: the exact KL.",
         minimum=1,
     )
 

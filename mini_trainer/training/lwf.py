@@ -6,8 +6,10 @@ on a GPU, as the student's). For every micro-batch (`micro_batch_loss`) the teac
 first (no gradients) and keeps, per loss token, its top-k logits at temperature T, their indices
 and the log-sum-exp over the whole vocabulary (so the kept probabilities are exact); then the
 student's loss is its cross-entropy plus `weight * T^2 * sum_tokens KL(p_teacher || q_student)`
-over those k tokens (k >= the vocabulary: the exact KL; smaller: the mass outside the teacher's
-top-k is left out, as top-k distillation does).
+over those k tokens and one bucket for all the others (k >= the vocabulary: the exact KL;
+smaller: the KL of the two distributions coarsened to k + 1 outcomes, which is never negative
+and at most the full KL; the k terms alone, as plain top-k distillation sums them, go negative
+once the student puts more mass on the teacher's top k than the teacher does).
 
 Neither model's tokens x vocabulary logits ever exist whole: the teacher's are reduced chunk by
 chunk, the student's KL is computed chunk by chunk under activation checkpointing (one chunk's
@@ -54,6 +56,8 @@ class TeacherTopK:
     """(n, k) log p_teacher of the kept tokens (exact: normalized over the whole vocabulary)."""
     indices: Tensor
     """(n, k) their token ids."""
+    log_rest: Tensor | None = None
+    """(n,) log of the teacher's mass outside them; None when k covers the vocabulary."""
 
 
 def teacher_top_k(
@@ -62,24 +66,43 @@ def teacher_top_k(
 ) -> TeacherTopK:  # fmt: skip
     """The teacher's kept distribution, a chunk of tokens at a time (no gradients)."""
     k = min(k, weight.shape[0])
-    values, indices = [], []
+    tail = k < weight.shape[0]
+    values, indices, rests = [], [], []
     for start in range(0, rows.numel(), chunk_size):
         h = hidden.index_select(0, rows[start : start + chunk_size])
         logits = head_logits(h, weight, bias, logit_scale, softcap) / temperature
         top, where = logits.topk(k, dim=1)
-        values.append(top - logits.logsumexp(dim=1, keepdim=True))
+        total = logits.logsumexp(dim=1, keepdim=True)
+        values.append(top - total)
         indices.append(where)
+        if tail:
+            rests.append(_log_rest(logits, where) - total.squeeze(1))
     if not values:
         empty = torch.zeros((0, k), device=hidden.device)
-        return TeacherTopK(empty, empty.long())
-    return TeacherTopK(torch.cat(values), torch.cat(indices))
+        return TeacherTopK(empty, empty.long(), empty[:, 0] if tail else None)
+    rest = torch.cat(rests) if tail else None
+    return TeacherTopK(torch.cat(values), torch.cat(indices), rest)
 
 
-def _chunk_kl(h, weight, bias, log_p, indices, temperature, logit_scale, softcap) -> Tensor:
-    """sum over the chunk's tokens of sum_k p (log p - log q), q the student's softmax at T."""
+def _log_rest(logits: Tensor, kept: Tensor) -> Tensor:
+    """log-sum-exp of each row's logits outside `kept` (computed, not 1 minus the kept mass,
+    so a tiny tail keeps its precision)."""
+    return logits.scatter(1, kept, float("-inf")).logsumexp(dim=1)
+
+
+def _chunk_kl(
+    h, weight, bias, log_p, indices, log_p_rest, temperature, logit_scale, softcap
+) -> Tensor:
+    """sum over the chunk's tokens of sum_k p (log p - log q), plus the same term for the mass
+    outside the kept tokens when there is one; q the student's softmax at T."""
     logits = head_logits(h, weight, bias, logit_scale, softcap) / temperature
-    log_q = logits.gather(1, indices) - logits.logsumexp(dim=1, keepdim=True)
-    return (log_p.exp() * (log_p - log_q)).sum()
+    total = logits.logsumexp(dim=1, keepdim=True)
+    log_q = logits.gather(1, indices) - total
+    kl = (log_p.exp() * (log_p - log_q)).sum()
+    if log_p_rest is not None:
+        log_q_rest = _log_rest(logits, indices) - total.squeeze(1)
+        kl = kl + (log_p_rest.exp() * (log_p_rest - log_q_rest)).sum()
+    return kl
 
 
 def distillation_kl(
@@ -93,8 +116,9 @@ def distillation_kl(
         end = start + chunk_size
         h = hidden.index_select(0, rows[start:end])
         total = total + checkpoint(
-            _chunk_kl, h, weight, bias, teacher.log_probs[start:end],
-            teacher.indices[start:end], temperature, logit_scale, softcap, use_reentrant=False,
+            _chunk_kl, h, weight, bias, teacher.log_probs[start:end], teacher.indices[start:end],
+            None if teacher.log_rest is None else teacher.log_rest[start:end], temperature,
+            logit_scale, softcap, use_reentrant=False,
         )  # fmt: skip
     return total
 
