@@ -1,23 +1,25 @@
-"""Run under torchrun (2 ranks, gloo): context parallelism against CP 1, several families and
-rows in one launch. Rank 0 writes {case: [per-sample loss relative error, [(worst tensor, its
-relative error), ...]]} to ARGV[1].
+"""Run under torchrun (4 ranks, gloo; 2 also work): context parallelism against CP 1, several
+families and rows in one launch. Rank 0 writes {case: [per-sample loss relative error, [(worst
+tensor, its relative error), ...]]} to ARGV[1].
 
-Part 1. For each family one FSDP2 model is built by the engine's `build_model` with the CP group of
-both ranks. CP 1 is the same model on the per-sample path: rank 0 runs the whole row, rank 1 a
-dummy row (FSDP sums the two). CP 2 is each rank's zig-zag chunk (`split_row`) through
-context-parallel attention (the real all-gather, its backward included). Both use one loss that
-returns each sample's summed token loss, so the comparison is per sample, not only per row.
+Part 1. For each family one FSDP2 model is built by the engine's `build_model` over the whole
+world. CP 1 is the model on the per-sample path: rank 0 runs the whole row, every other rank a
+dummy row (FSDP sums them). CP N, for every N > 1 that divides the world (2 and 4 on 4 ranks), is
+each rank's zig-zag chunk (`split_row`) through context-parallel attention over its group (the
+real all-gather, its backward included); with N = 2 on 4 ranks the second group (dp rank 1)
+splits a dummy row. One loss returns each sample's summed token loss, so the comparison is per
+sample, not only per row.
 
 Part 2 ("engine: ..."). The training loop itself (`loop.train`) on a llama, with samples up to
 twice `--max-tokens-per-gpu` and a short last batch in each of 2 epochs: --context-parallel 2
-(one group) against CP 1 with twice the cap (two data-parallel ranks, so another packing plan):
-every step's loss and the exported weights. The CP run also checkpoints activations (both runs
-reduce gradients once per step) and saves a state at step 2, which a third run resumes on
-CP 1. The export runs under CP, so it is checked too.
+(dp 2 x cp 2 on 4 ranks) with a cap of 16 against CP 1 with twice the cap (every rank its own
+data-parallel rank, so another packing plan): every step's loss and the exported weights. The
+CP 2 run also checkpoints activations (both runs reduce gradients once per step) and saves a
+state at step 2, which a third run resumes on CP 4 (one group of 4, a cap of 8: the same group
+budget; on 2 ranks, CP 1). The export runs under CP, so it is checked too.
 
-`python -m torch.distributed.run --standalone --nproc-per-node 2 tests/context_ranks.py OUT DIR`
-(the test); with `--nproc-per-node 4` it runs part 2 alone, two CP groups of 2 (dp 2 x cp 2)
-against CP 1 on 4 data-parallel ranks: the token mean across CP groups (run by hand: 2 cores).
+`python -m torch.distributed.run --standalone --nproc-per-node 4 tests/context_ranks.py OUT DIR`
+(the test).
 """
 
 from __future__ import annotations
@@ -83,8 +85,10 @@ def step(wrapped, micro, num_samples: int, name: str) -> torch.Tensor:
     wrapped.zero_grad(set_to_none=True)
     wrapped.model.set_attn_implementation(name)
     loss_fn = per_sample_loss(sample_ids(micro), num_samples + 1)
-    losses = wrapped(micro.input_ids, micro.position_ids, micro.target_ids,
-                     loss_fn=loss_fn, **attention.attention_kwargs(name, micro))  # fmt: skip
+    # a chunk's kwargs are the context layout, whatever name its group's attention has
+    kwargs = attention.attention_kwargs(context_attention.NAME if micro.context else name, micro)
+    losses = wrapped(micro.input_ids, micro.position_ids, micro.target_ids, loss_fn=loss_fn,
+                     **kwargs)  # fmt: skip
     losses.sum().backward()
     losses = losses.detach()[:num_samples]
     dist.all_reduce(losses)
@@ -93,30 +97,33 @@ def step(wrapped, micro, num_samples: int, name: str) -> torch.Tensor:
 
 def main(out: str, work: str) -> None:
     runtime = init_runtime()
-    groups = context_groups(runtime, 2)
+    sizes = [n for n in (2, 4) if runtime.world_size % n == 0]
+    groups = {n: context_groups(runtime, n) for n in sizes}  # every rank, the same order
+    names = {n: context_attention.register(g.group, f"{context_attention.NAME}_{n}")
+             for n, g in groups.items()}  # fmt: skip
     results = {}
-    # Part 1 needs one group (its CP 1 reference is rank 0 alone); more ranks: part 2 only
-    for family in FAMILIES if runtime.world_size == 2 else []:
+    for family in FAMILIES:
         model = build_model(family)
         folder = Path(work) / family
         if runtime.is_main:
             model.save_pretrained(folder)
         dist.barrier()
         wrapped, _ = build_sharded(ModelSpec(str(folder)), None, runtime, FullFineTuning(),
-                                   context_group=groups.group)  # fmt: skip
+                                   context_group=groups[2].group)  # fmt: skip
         wrapped.train()
         per_sample = attention.pick_attention(runtime)
         for case, lengths in ROWS.items():
             batch = samples(model.config.vocab_size, lengths)
             row = collate_packed(batch, 1, model.config.pad_token_id)
-            whole = row if runtime.is_main else collate_packed([], 1)
-            want_loss = step(wrapped, whole, len(batch), per_sample)
+            dummy = collate_packed([], 1)
+            want_loss = step(wrapped, row if runtime.is_main else dummy, len(batch), per_sample)
             want = full_grads(wrapped, runtime.world_size)
-            chunk = split_row(row, groups.size, groups.rank)
-            got_loss = step(wrapped, chunk, len(batch), context_attention.NAME)
-            got = full_grads(wrapped, runtime.world_size)
-            results[f"{family}: {case}"] = [relative_error(got_loss, want_loss),
-                                            worst_errors(got, want)]  # fmt: skip
+            for n, group in groups.items():
+                chunk = split_row(row if group.dp_rank == 0 else dummy, n, group.rank)
+                got_loss = step(wrapped, chunk, len(batch), names[n])
+                got = full_grads(wrapped, runtime.world_size)
+                results[f"{family}: CP {n}: {case}"] = [relative_error(got_loss, want_loss),
+                                                        worst_errors(got, want)]  # fmt: skip
         del wrapped
     results.update(engine(Path(work), runtime))
     if runtime.is_main:
@@ -129,12 +136,10 @@ ENGINE_LENGTHS = [30, 5, 17, 9, 12, 22, 7]
 
 
 def engine(work: Path, runtime) -> dict:
-    """CP 2 with a cap of 16 against CP 1 (two DP ranks) with 32, through `loop.train`, 4 steps
-    (2 epochs); then CP 2's state of step 2 resumed on CP 1 to the end."""
+    """CP 2 with a cap of 16 against CP 1 (every rank a DP rank) with 32, through `loop.train`,
+    4 steps (2 epochs); then CP 2's state of step 2 resumed on CP 4 (CP 1 on 2 ranks)."""
     data = work / "engine.jsonl"
     if runtime.is_main:
-        if not (work / "llama").is_dir():  # part 1 did not run (more than 2 ranks)
-            build_model("llama").save_pretrained(work / "llama")
         rows = samples(97, ENGINE_LENGTHS)
         data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     dist.barrier()
@@ -160,7 +165,9 @@ def engine(work: Path, runtime) -> dict:
         for name in ("state/step_4", "final"):
             shutil.rmtree(work / "resumed" / name)
     dist.barrier()
-    resumed_losses, resumed = run("resumed", 1, 32, resume=True, save_every_steps=2)
+    resume_cp = 4 if runtime.world_size % 4 == 0 else 1
+    resumed_losses, resumed = run("resumed", resume_cp, 32 // resume_cp, resume=True,
+                                  save_every_steps=2)  # fmt: skip
     assert len(got_losses) == len(want_losses) == len(resumed_losses) == 4
 
     def loss_error(losses):
@@ -168,7 +175,7 @@ def engine(work: Path, runtime) -> dict:
 
     return {
         "engine: 4 steps, exported weights": [loss_error(got_losses), worst_errors(got, want)],
-        "engine: CP 2's state resumed on CP 1": [
+        f"engine: CP 2's state resumed on CP {resume_cp}": [
             loss_error(resumed_losses),
             worst_errors(resumed, want),
         ],

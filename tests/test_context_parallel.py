@@ -183,18 +183,20 @@ def _check_chunk_attention(cp, features, lengths):
 
 @pytest.mark.slow
 def test_context_parallel_ranks(tmp_path):
-    """One 2-rank torchrun job (gloo): CP 2 against CP 1 for several families and rows, per-sample
-    losses and every gradient within 1e-6 relative; then the training loop (4 steps, export,
-    a CP 2 state resumed on CP 1) against CP 1; see tests/context_ranks.py."""
+    """One 4-rank torchrun job (gloo): CP 2 (dp 2 x cp 2) and CP 4 against CP 1 for several
+    families and rows, per-sample losses and every gradient within 1e-6 relative; then the
+    training loop (4 steps, export, a CP 2 state resumed on CP 4) against CP 1; see
+    tests/context_ranks.py."""
     out = tmp_path / "errors.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", str(REPO_ROOT / "tests" / "context_ranks.py"),
+               "--nproc-per-node", "4", str(REPO_ROOT / "tests" / "context_ranks.py"),
                str(out), str(tmp_path / "models")]  # fmt: skip
     env = subprocess_env(PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")]))
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     errors = json.loads(out.read_text())
-    assert len(errors) == 14, errors  # 3 families x 4 rows, the engine, its resume
+    assert len(errors) == 26, errors  # 3 families x 4 rows x CP 2 and 4, the engine, its resume
+    assert "engine: CP 2's state resumed on CP 4" in errors
     for case, (loss_error, worst) in errors.items():
         assert loss_error <= 1e-6, (case, loss_error)
         assert worst[0][1] <= 1e-6, (case, worst)
