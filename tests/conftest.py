@@ -100,6 +100,7 @@ from slurm.harness import slurm_cluster  # noqa: E402, F401
 # Tests that share machine-wide names (network namespaces) are kept on one worker too.
 SHARED_RUN_FIXTURES = (
     "full_run_attempts", "slurm_cluster", "slurm_reference_run", "trained_run", "svd_cache",
+    "hub_run",
 )  # fmt: skip
 """First match names the group: `validated_run` needs `trained_run`, so its tests and every other
 reader of `trained_run` share one worker and one copy of it."""

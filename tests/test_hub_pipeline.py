@@ -1,9 +1,13 @@
 """The pipeline with `model: ORG/NAME`, offline, against a Hugging Face cache built from the demo
 model (tests/hf_cache.py): the resolve_model rule, the commit pinned in every job, and reruns
-that follow the commit."""
+that follow the commit. Its one real run also takes the pipeline's validation keys (the split
+rule, training with the validation file, `evaluation.checkpoint: best` scoring best/), so one
+Snakemake run serves both claims; their pure logic is unit-tested in
+tests/test_pipeline_logic.py, the report's validation columns in tests/test_validation.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import pytest
@@ -73,10 +77,47 @@ def test_no_cached_copy_stops_the_pipeline_with_one_line(demo_dir, tmp_path, hub
     assert not (workdir / "results").exists()
 
 
-@pytest.mark.slow
-def test_real_run_then_same_commit_reruns_nothing_and_a_new_one_everything(hub_workdir):
-    workdir, repo = hub_workdir
+@pytest.fixture(scope="session")
+def hub_run(demo_model, demo_dir, tmp_path_factory):
+    """One real run up to the evaluations (base and stage 1), one rank, 4 steps, with a
+    validation split of 10%, validation every 2 steps and the best checkpoint evaluated.
+    Session scope in group `hub_run` (tests/conftest.py): made once."""
+    root = tmp_path_factory.mktemp("hub_run")
+    repo = build_hub_cache(demo_model, root / "hf_home")
+    config = hub_config(demo_dir, data={"validation_fraction": 0.1},
+                        evaluation={"checkpoint": "best"})  # fmt: skip
+    config["training"].update(max_steps=4, validation_every_steps=2)
+    workdir = make_workdir(root / "w", config)
     check(run(workdir, repo, "--cores", "2", "evaluations"))
+    return workdir, repo
+
+
+@pytest.mark.slow
+def test_real_run_splits_validates_and_evaluates_the_best_checkpoint(hub_run, demo_dir):
+    workdir, _ = hub_run
+    results = workdir / "results"
+    kept, drawn = (
+        (results / f"data/sort.split.{part}.jsonl").read_text().splitlines()
+        for part in ("train", "validation")
+    )
+    original = (demo_dir / "data/sort.train.jsonl").read_text().splitlines()
+    assert sorted(kept + drawn) == sorted(original) and len(drawn) == -(-len(original) // 10)
+    (run_folder,) = results.glob("train/sft/lr0.01/stage1/*/")
+    args = json.loads((run_folder / "training_args.json").read_text())
+    assert args["data_path"].endswith("sort.split.train.jsonl") and args["save_best"] is True
+    assert args["validation_data_path"].endswith("sort.split.validation.jsonl")
+    rows = [json.loads(line) for line in (run_folder / "metrics.jsonl").read_text().splitlines()]
+    validated = [r for r in rows if "val_loss" in r]
+    assert [r["step"] for r in validated] == [2, 4]
+    best = json.loads((run_folder / "best/best_checkpoint.json").read_text())
+    assert best["value"] == min(r["val_loss"] for r in validated)
+    evaluation = json.loads((results / "eval/sft/lr0.01/stage1/sort.json").read_text())
+    assert evaluation["model"].endswith("/best")
+
+
+@pytest.mark.slow
+def test_real_run_then_same_commit_reruns_nothing_and_a_new_one_everything(hub_run):
+    workdir, repo = hub_run
     record = (workdir / "results" / "model" / "base.json").read_text()
     first = (repo.folder / "refs" / "main").read_text()
     assert first in record
@@ -87,6 +128,7 @@ def test_real_run_then_same_commit_reruns_nothing_and_a_new_one_everything(hub_w
     counts = rule_counts(planned_jobs(run(workdir, repo, "-n", "evaluations")))
     assert counts["resolve_model"] == 1 and counts["validate"] == 1
     assert counts["train"] == 1 and counts["evaluate"] == 2 * 1  # base and stage 1, one task
+    assert "split_validation" not in counts  # the split depends on the data, not the model
 
 
 def test_stage_one_is_pinned_and_keyed_by_the_commit(hub_repo, demo_dir, monkeypatch):
