@@ -1,5 +1,6 @@
 """The README and docs/ as a newcomer meets them: every command block names commands, flags and
-files that exist; every link stays inside the repository; stated counts match what is collected.
+files that exist; every link stays inside the repository; stated counts match what is collected;
+every time or count the README states is in docs/benchmarks.md's table of measured figures.
 
 Running every block is too slow for the suite (the demo alone is minutes): the blocks are parsed
 and checked against the real CLI objects (click's commands, the training job's argparse parser)
@@ -301,3 +302,41 @@ def test_the_stated_test_count_is_what_pytest_collects(request):
     assert stated, "README.md states no test count"
     wrong = [f"{where}: states {n} tests" for where, n in stated if n != collected]
     assert not wrong, f"{wrong}; pytest collects {collected}: update the README"
+
+
+FIGURE = re.compile(
+    r"(?<![\w.-])(?:about |under )?\d[\d,.]*(?:-\d[\d,.]*)?"
+    r" (?:min \d+ s|min(?:utes?)?|s|seconds|jobs|tests|MB|GB)(?![\w-])"
+)
+"""A time or count in prose: `9 min 14 s`, `about 4.5 minutes`, `15-45 s`, `45 jobs`."""
+
+
+def figures(text: str) -> list[str]:
+    """The figures of `text` outside code (fenced blocks and `code spans`), normalized: one
+    space, `minutes` as `min`, no `about`/`under`."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    prose = re.sub(r"`[^`\n]*`", "", prose)
+    prose = re.sub(r"\s+", " ", prose)
+    found = []
+    for match in FIGURE.finditer(prose):
+        figure = re.sub(r"^(about|under) ", "", match.group(0))
+        found.append(re.sub(r" min(utes?)?\b", " min", figure))
+    return found
+
+
+def test_every_figure_the_readme_states_is_in_the_benchmarks_table():
+    """Each time or count of README's prose appears in docs/benchmarks.md's "Figures the README
+    states" table, whose rows carry the measurement's date and machine: a figure that is
+    changed in one place only, or added without a measurement, fails here."""
+    text = (REPO_ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    table = text.split("## Figures the README states", 1)[1].split("\n## ", 1)[0]
+    recorded = set(figures(table))
+    stated = figures((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(stated) >= 8, stated  # the README's figures were found
+    missing = sorted(set(stated) - recorded)
+    assert not missing, f"README figures not in docs/benchmarks.md's table: {missing}"
+
+
+def test_the_figure_check_finds_figures_and_ignores_code():
+    text = "took 9 min 14 s, about 4.5 minutes; 15-45 s; 45 jobs `--max-steps 3 s`\n```\n3 s\n```"
+    assert figures(text) == ["9 min 14 s", "4.5 min", "15-45 s", "45 jobs"]
