@@ -2,7 +2,8 @@
 files that exist; every link stays inside the repository; stated counts match what is collected;
 every time or count the README states is in docs/benchmarks.md's table of measured figures.
 
-Running every block is too slow for the suite (the demo alone is minutes): the blocks are parsed
+Running every block is too slow for the suite (the demo alone is minutes): each shell block says
+first what it needs (`# needs:`) or that it is a synopsis (`# synopsis:`), and the blocks are parsed
 and checked against the real CLI objects (click's commands, the training job's argparse parser)
 and the files they name. `docs_commands()` is also used by the pipeline's dry-run test, which
 checks that no block writes into what the Set-up command's pipeline has already built.
@@ -340,3 +341,16 @@ def test_every_figure_the_readme_states_is_in_the_benchmarks_table():
 def test_the_figure_check_finds_figures_and_ignores_code():
     text = "took 9 min 14 s, about 4.5 minutes; 15-45 s; 45 jobs `--max-steps 3 s`\n```\n3 s\n```"
     assert figures(text) == ["9 min 14 s", "4.5 min", "15-45 s", "45 jobs"]
+
+
+def test_every_shell_block_says_what_it_needs_first():
+    """A newcomer runs a block as written on a fresh clone after the Set-up command, or is told
+    first what it needs: its first line is `# needs: ...` (what must exist or run before it) or
+    `# synopsis: ...` (a usage line whose placeholders are the reader's)."""
+    unsaid = [
+        f"{path.relative_to(REPO_ROOT)}:{start}"
+        for path in DOC_FILES
+        for lang, start, body in fenced_blocks(path)
+        if lang in SHELL_LANGS and not (body and body[0].startswith(("# needs: ", "# synopsis: ")))
+    ]
+    assert not unsaid, f"shell blocks that do not begin with '# needs:' or '# synopsis:': {unsaid}"
