@@ -82,6 +82,7 @@ from mini_trainer.pipeline.layout import (
     validation_file,
 )
 from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
+from mini_trainer.pipeline.trace import check_trace_config, trace_chat_flags, trace_source
 
 __all__ = [
     "MODEL_RECORD",
@@ -156,4 +157,7 @@ __all__ = [
     "train_threads",
     "training_options",
     "validation_file",
+    "check_trace_config",
+    "trace_chat_flags",
+    "trace_source",
 ]
