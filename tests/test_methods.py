@@ -485,3 +485,35 @@ def test_the_multitask_bound_is_one_run_from_the_base_model_on_every_stage_data(
     bad["methods"]["multitask"] = {**config["methods"]["multitask"], "replay_fraction": 0.5}
     with pytest.raises(pipeline.ConfigError, match="not with multitask"):
         pipeline.check_config(bad)
+
+
+def test_the_manifest_describes_each_method_and_lists_its_jobs_benchmark_files(tmp_path):
+    """config/methods.yaml's manifest flags: each series with its registered method's report
+    label and its settings (the multi-task bound marked as such, an interpolated series as its
+    alpha), and the benchmark file of every job done for a cell (training, the EWC Fisher of a
+    stage a next one follows, each interpolation); `mini-trainer manifest` takes them as given."""
+    import shlex
+
+    from mini_trainer import pipeline
+    from mini_trainer.manifest import load_manifest
+
+    config = methods_config()
+    infos = pipeline.method_infos(config)
+    assert infos["lwf"] == {"label": "LwF", "method": "lwf", "bound": False,
+                            "settings": {"lwf_weight": 1.0, "lwf_temperature": 2.0}}  # fmt: skip
+    assert infos["replay"] == {"label": "SFT", "method": "sft", "bound": False,
+                               "settings": {"replay_fraction": 0.25}}  # fmt: skip
+    assert infos["multitask"]["bound"] and infos["multitask"]["settings"]["max_steps"] == 240
+    assert [infos[m]["label"] for m in ("sft", "osft", "ewc")] == ["SFT", "OSFT", "EWC"]
+    assert infos["sft-wise50"]["settings"] == {"interpolated_from": "sft", "alpha": 0.5}
+    files = pipeline.benchmark_files(config)
+    sweep = pipeline.sweep(config)
+    assert sum(path.startswith("results/benchmarks/train/") for path, *_ in files) == len(sweep)
+    fishers = [(m, lr, s) for path, m, lr, s in files if "/ewc_fisher/" in path]
+    assert fishers == [("ewc", lr, s) for lr in ("0.003", "0.01") for s in ("1", "2")]
+    assert sum("/interpolate/" in path for path, *_ in files) == 6  # 2 rates x 3 stages
+    flags = shlex.split(pipeline.manifest_flags(config))
+    run_cli("manifest", "--out", tmp_path / "m.json", *flags, check=True)
+    manifest = load_manifest(tmp_path / "m.json")
+    assert manifest.methods == infos
+    assert sum(e.kind == "benchmark" for e in manifest.entries) == len(files)

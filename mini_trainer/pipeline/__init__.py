@@ -20,11 +20,13 @@ from mini_trainer.pipeline.checks import (
     read_config_file,
 )
 from mini_trainer.pipeline.commands import (
+    benchmark_files,
     cli_flags,
     drop_states_resource,
     eval_pairs,
     manifest_flags,
     manifest_inputs,
+    method_infos,
     mix_flags,
     mix_input_files,
     plan_flags,
@@ -158,6 +160,8 @@ __all__ = [
     "training_options",
     "validation_file",
     "check_trace_config",
+    "benchmark_files",
+    "method_infos",
     "trace_chat_flags",
     "trace_source",
 ]

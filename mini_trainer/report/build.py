@@ -29,6 +29,7 @@ from mini_trainer.report.inputs import (
     read_json_file,
     read_run,
 )
+from mini_trainer.report.methods import methods_section
 from mini_trainer.report.sections import (
     data_section,
     evals_section,
@@ -82,7 +83,7 @@ def collect_groups(manifest: Manifest) -> tuple[list[Group], dict[tuple, EvalRes
     base: dict[int, EvalResult] = {}
     for entry in manifest.entries:
         if entry.kind not in ("eval", "run"):
-            continue
+            continue  # data summaries and benchmarks are not cells
         if entry.method is not None:
             key = (entry.method, entry.lr)
             group = groups.setdefault(key, Group(entry.method, entry.lr, len(tasks)))
@@ -202,8 +203,10 @@ def build_report(
         sections = []
         if manifest is not None:
             sections.append(summary_section(groups, shared))
-            sections.append(frontier_section(groups, tmp, plots, FRONTIER_NOTE))
+            bounds = frozenset(n for n, info in manifest.methods.items() if info["bound"])
+            sections.append(frontier_section(groups, tmp, plots, FRONTIER_NOTE, bounds))
             sections.append(matrices_section(groups, tasks, tmp, plots))
+            sections.append(methods_section(manifest, panels))
         sections.append(training_section(runs, panels, tmp, plots))
         sections.append(evals_section(eval_files, extra_evals))
         if manifest is not None:

@@ -130,3 +130,22 @@ def read_run(path: Path, label: str | None = None) -> RunData:
     run.args, _ = read_json_file(path / "training_args.json")
     run.best, _ = read_json_file(path / "best" / "best_checkpoint.json")
     return run
+
+
+def read_benchmark(path: Path) -> tuple[float | None, str | None]:
+    """(wall seconds, None) of a Snakemake benchmark TSV (its `s` column, the first row), or
+    (None, why not): missing, unreadable, no `s` column or no number in it."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None, "no such file"
+    except (OSError, UnicodeDecodeError) as error:
+        return None, f"unreadable ({error})"
+    if len(lines) < 2 or "s" not in lines[0].split("\t"):
+        return None, "not a benchmark file (no `s` column and row)"
+    value = lines[1].split("\t")[lines[0].split("\t").index("s")]
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None, f"`s` is {value!r}, not a number"
+    return (seconds, None) if math.isfinite(seconds) and seconds >= 0 else (None, f"`s` is {value}")
