@@ -180,3 +180,46 @@ def test_trace_chat_refuses_a_file_whose_checksum_differs(tmp_path):
     assert result.returncode == 2
     assert f"{source}: SHA-256 " in result.stderr and f"expected {'0' * 64}" in result.stderr
     assert not out.exists()
+
+
+def test_generate_answers_greedily_from_the_chat_prompt_as_a_token_by_token_argmax(
+    demo_dir, tmp_path
+):
+    """`mini-trainer generate` on TRACE-format chat lines: each answer is the model's greedy
+    continuation of the rendered prompt (checked against an argmax loop, one token at a time),
+    the same in batches of 2 as one at a time, one prediction per line, ready for trace-score."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    chat = tmp_path / "chat.jsonl"
+    run_cli("trace-chat", source_file(FIXTURES, "NumGLUE-ds", "eval"), "--out", chat, check=True)
+    model = demo_dir / "model"
+    outs = {}
+    for batch in (1, 2):
+        outs[batch] = tmp_path / f"pred{batch}.jsonl"
+        run_cli("generate", "--model", model, "--data", chat, "--out", outs[batch],
+                "--max-new-tokens", "6", "--batch-size", batch, check=True)  # fmt: skip
+    got = [json.loads(line)["prediction"] for line in outs[1].read_text().splitlines()]
+    assert got == [json.loads(line)["prediction"] for line in outs[2].read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    reference = AutoModelForCausalLM.from_pretrained(model).eval()
+    for line, answer in zip(chat.read_text().splitlines(), got, strict=True):
+        messages = json.loads(line)["messages"][:-1]
+        ids = list(
+            tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+        new = []
+        for _ in range(6):
+            with torch.no_grad():
+                token = int(reference(torch.tensor([ids + new])).logits[0, -1].argmax())
+            if token == tokenizer.eos_token_id:
+                break
+            new.append(token)
+        assert answer == tokenizer.decode(new, skip_special_tokens=True)
+    data = source_file(FIXTURES, "NumGLUE-ds", "eval")
+    score = tmp_path / "score.json"
+    run_cli("trace-score", "--task", "NumGLUE-ds", "--data", data, "--predictions", outs[1],
+            "--out", score, check=True)  # fmt: skip
+    assert json.loads(score.read_text())["num_samples"] == 2

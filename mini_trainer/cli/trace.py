@@ -1,4 +1,5 @@
-"""TRACE subcommands: its task files as chat JSONL, and its per-task scores of generated answers."""
+"""TRACE subcommands: its task files as chat JSONL, a checkpoint's generated answers, and TRACE's
+per-task scores of them."""
 
 from __future__ import annotations
 
@@ -8,10 +9,17 @@ from pathlib import Path
 import click
 
 from mini_trainer.cli.group import cli
-from mini_trainer.cli.options import EXISTING_FILE, force_option, out_option
+from mini_trainer.cli.options import (
+    EXISTING_FILE,
+    force_option,
+    model_options,
+    out_option,
+    resolve_model_option,
+)
 from mini_trainer.data.outputs import check_outputs
 from mini_trainer.data.trace import TASKS, read_samples, write_chat
 from mini_trainer.errors import UserError
+from mini_trainer.evaluate.generate import generate_answers, read_prompts, write_predictions
 from mini_trainer.evaluate.trace_metrics import task_score
 from mini_trainer.io_utils import atomic_write_text, file_sha256
 
@@ -35,6 +43,48 @@ def trace_chat(source: Path, out: Path, sha256: str | None, force: bool) -> None
         raise UserError(f"{source}: SHA-256 {file_sha256(source)}, expected {sha256} (--sha256)")
     count = write_chat(source, out)
     click.echo(f"wrote {out} ({count:,} samples)")
+
+
+@cli.command("generate")
+@model_options("Model (a checkpoint's folder) that answers.")
+@click.option(
+    "--data",
+    "data",
+    required=True,
+    type=EXISTING_FILE,
+    help="Chat JSONL: each line's messages but its last assistant turn are the prompt.",
+)
+@out_option('Predictions JSONL to write: line N {"prediction": ...} answers line N of --data.')
+@click.option(
+    "--max-new-tokens",
+    type=click.IntRange(min=1),
+    default=512,
+    show_default=True,
+    help="Longest answer in tokens (TRACE: 512).",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Prompts per generate call (left-padded).",
+)
+@force_option("Replace an existing output file.")  # fmt: skip
+def generate(
+    model: str, model_revision: str, data: Path, out: Path, max_new_tokens: int,
+    batch_size: int, force: bool,
+) -> None:  # fmt: skip
+    """Greedy answers of a checkpoint to chat prompts, one process (a GPU when there is one).
+
+    The input for `trace-score`: e.g. `--data results/data/trace/FOMC.eval.jsonl`. Every bad
+    line is printed as FILE:LINE: FIELD: reason (exit status 2, nothing written).
+    """
+    check_outputs({"--out": out}, [data], force)
+    prompts = read_prompts(data)
+    folder = resolve_model_option(model, model_revision)
+    answers = generate_answers(folder, prompts, max_new_tokens, batch_size)
+    write_predictions(out, answers)
+    click.echo(f"wrote {out} ({len(answers):,} answers)")
 
 
 @cli.command("trace-score")
