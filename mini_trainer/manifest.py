@@ -23,7 +23,7 @@ from mini_trainer.io_utils import atomic_write_text
 BASE_MARK = "-"
 """Method and learning rate of the base model's entries on the command line (JSON null)."""
 
-KINDS = ("eval", "run", "data_summary", "benchmark")
+KINDS = ("eval", "run", "data_summary", "benchmark", "score")
 """The kinds of entry, each written by one `to_json` (or `build_manifest`) and read by `_entry`."""
 
 
@@ -89,10 +89,11 @@ class RunEntry:
                 "stage": self.stage}  # fmt: skip
 
 
-def parse_eval(fields: tuple[str, str, str, str, str]) -> EvalEntry:
-    """`PATH METHOD LR STAGE TASK`; METHOD and LR are `-` for the base model (stage 0)."""
+def parse_eval(fields: tuple[str, str, str, str, str], flag: str = "--eval") -> EvalEntry:
+    """`PATH METHOD LR STAGE TASK`; METHOD and LR are `-` for the base model (stage 0). With
+    `flag` `--score`: a `trace-score` JSON of that cell instead of an evaluate JSON."""
     path, method, lr, stage, task = fields
-    where = f"--eval {' '.join(fields)}"
+    where = f"{flag} {' '.join(fields)}"
     stage_number = _stage(stage, where)
     if method == BASE_MARK or lr == BASE_MARK:
         if (method, lr, stage_number) != (BASE_MARK, BASE_MARK, 0):
@@ -148,30 +149,34 @@ def build_manifest(
     data_summaries: list[tuple[str, str]],
     benchmarks: list[RunEntry] = (),
     methods: dict[str, dict] | None = None,
+    scores: list[EvalEntry] = (),
 ) -> dict:
     """The manifest as a JSON-ready dict; refuses what would make the report ambiguous.
 
     `benchmarks`: the Snakemake benchmark files of the jobs done for a (method, lr, stage) cell
     (its training, its EWC Fisher...), the report's wall time per method; `methods`: each
-    method's description (`parse_method_info`)."""
+    method's description (`parse_method_info`); `scores`: TRACE score JSONs, cells as evals."""
     if not tasks:
         raise UserError("--task: give the stage tasks in order (at least one)")
     if len(set(tasks)) != len(tasks):
         raise UserError(f"--task: a task is given twice: {', '.join(tasks)}")
-    for entry in evals:
-        if entry.task not in tasks:
-            raise UserError(f"--eval {entry.path}: task {entry.task!r} is not a --task")
-    for entry in [*evals, *runs, *benchmarks]:
+    for flag, entries in (("--eval", evals), ("--score", scores)):
+        for entry in entries:
+            if entry.task not in tasks:
+                raise UserError(f"{flag} {entry.path}: task {entry.task!r} is not a --task")
+    for entry in [*evals, *runs, *benchmarks, *scores]:
         if entry.stage > len(tasks):
             raise UserError(f"{entry.path}: stage {entry.stage} but only {len(tasks)} tasks")
     cells = [(e.method, e.lr, e.stage, e.task) for e in evals]
     _refuse_duplicates("--eval", cells)
+    _refuse_duplicates("--score", [(e.method, e.lr, e.stage, e.task) for e in scores])
     _refuse_duplicates("--run", [(r.method, r.lr, r.stage) for r in runs])
     entries = [e.to_json() for e in evals] + [r.to_json() for r in runs]
     entries += [
         {"kind": "data_summary", "path": path, "task": task} for path, task in data_summaries
     ]
     entries += [{**b.to_json(), "kind": "benchmark"} for b in benchmarks]
+    entries += [{**e.to_json(), "kind": "score"} for e in scores]
     manifest = {"tasks": list(tasks), "entries": entries}
     if methods:
         manifest["methods"] = dict(methods)
@@ -280,7 +285,7 @@ def _entry(item, where: str, tasks: list[str], manifest_dir: Path):
         problems.append(f"{where}.lr: expected a number or null")
     if kind == "benchmark" and (method is None or lr is None):
         problems.append(f"{where}: a benchmark names the method and lr of its job")
-    if kind in ("eval", "run", "benchmark"):
+    if kind in ("eval", "run", "benchmark", "score"):
         if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
             problems.append(f"{where}.stage: expected an integer >= 0")
         elif stage > len(tasks):
@@ -289,7 +294,7 @@ def _entry(item, where: str, tasks: list[str], manifest_dir: Path):
             problems.append(f"{where}.method: stage 0 is the base model, its method is null")
         elif stage > 0 and method is None:
             problems.append(f"{where}.method: stage {stage} needs the method it was trained with")
-    if kind in ("eval", "data_summary") and task not in tasks:
+    if kind in ("eval", "data_summary", "score") and task not in tasks:
         problems.append(f"{where}.task: {task!r} is not one of the manifest's tasks")
     if problems:
         return None, problems

@@ -319,7 +319,7 @@ def test_bad_manifest_is_reported_per_field_and_nothing_written(tmp_path):
     assert result.stderr.splitlines() == [
         f"error: {manifest}: entries[0].task: 'z' is not one of the manifest's tasks",
         f"error: {manifest}: entries[1].kind: 'plot' is not one of eval, run, data_summary, "
-        "benchmark",
+        "benchmark, score",
         f"error: {manifest}: entries[2].method: stage 1 needs the method it was trained with",
         f"error: {manifest}: methods.sft.bound: expected a bool",
     ]

@@ -8,6 +8,7 @@ The fixtures under tests/fixtures/trace/ are tiny files in TRACE's own layout an
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from helpers import REPO_ROOT, run_cli
@@ -223,3 +224,53 @@ def test_generate_answers_greedily_from_the_chat_prompt_as_a_token_by_token_argm
     run_cli("trace-score", "--task", "NumGLUE-ds", "--data", data, "--predictions", outs[1],
             "--out", score, check=True)  # fmt: skip
     assert json.loads(score.read_text())["num_samples"] == 2
+
+
+def test_the_trace_config_scores_every_checkpoint_and_the_report_shows_op_and_bwt(tmp_path):
+    """With `trace:`, every checkpoint's answers to every task are generated and scored (the
+    trace_generate and trace_score rules; `snakemake -n` plans 328 of each for config/trace.yaml),
+    the manifest lists the scores as cells, and the report shows TRACE's OP and BWT over them:
+    the mean final score and the mean change since learning, here by hand."""
+    import shlex
+
+    from snakemake.utils import validate
+
+    from mini_trainer import pipeline
+
+    config = pipeline.read_config_file(REPO_ROOT / "config/trace.yaml")
+    validate(config, str(REPO_ROOT / "workflow/schemas/config.schema.yaml"))
+    scores = pipeline.trace_scores(config)
+    sources = {path.split("/scores/")[1].rsplit("/", 1)[0] for path, _ in scores}
+    assert len(scores) == len(sources) * 8 and "base" in sources
+    assert ("results/trace/scores/sft/lr1e-05/stage8/20Minuten.json", "20Minuten") in scores
+    words = shlex.split(pipeline.manifest_flags(config))
+    assert words.count("--score") == len(pipeline.eval_sources(config)) * 8
+    assert pipeline.manifest_inputs(config)["scores"] == [path for path, _ in scores]
+    run_cli("manifest", "--out", tmp_path / "pipeline.json", *words, check=True)
+
+    tasks = ["FOMC", "Py150", "20Minuten"]
+    matrix = [[0.1, 0.2, 0.3], [0.8, 0.2, 0.3], [0.6, 0.9, 0.3], [0.5, 0.7, 0.9]]
+    entries = []
+    for stage, row in enumerate(matrix):
+        for task, value in zip(tasks, row, strict=True):
+            path = tmp_path / "scores" / str(stage) / f"{task}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps({"task": task, "metric": "accuracy", "score": value}))
+            entries.append(
+                {
+                    "kind": "score",
+                    "path": str(path),
+                    "task": task,
+                    "stage": stage,
+                    "method": "sft" if stage else None,
+                    "lr": 1e-5 if stage else None,
+                }
+            )
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"tasks": tasks, "entries": entries}))
+    assert run_cli("report", "--out", tmp_path / "out", "--manifest", manifest).returncode == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    section = page.split('<section id="trace">')[1].split("</section>")[0]
+    # OP = (0.5 + 0.7 + 0.9) / 3; BWT = ((0.5 - 0.8) + (0.7 - 0.9)) / 2
+    row = r'<tr><td>sft</td><td>lr 1e-05</td><td class="num">3</td><td class="num">70.0%</td>'
+    assert re.search(row + r'<td class="num">-25.0 pt</td>', section)

@@ -166,6 +166,14 @@ def evaluate(
     help="A Snakemake benchmark TSV of a job done for that cell (its wall time) (repeat).",
 )
 @click.option(
+    "--score",
+    "scores",
+    multiple=True,
+    type=(str, str, str, str, str),
+    metavar="PATH METHOD LR STAGE TASK",
+    help="A `trace-score` JSON and its cell, as --eval (repeat).",
+)
+@click.option(
     "--method-info",
     "method_infos",
     multiple=True,
@@ -182,6 +190,7 @@ def manifest(
     data_summaries: tuple[tuple[str, str], ...],
     benchmarks: tuple[tuple[str, str, str, str], ...],
     method_infos: tuple[tuple[str, str], ...],
+    scores: tuple[tuple[str, str, str, str, str], ...],
     force: bool,
 ) -> None:
     """Write the report manifest: which file is which cell of the experiment.
@@ -198,6 +207,7 @@ def manifest(
         list(data_summaries),
         [parse_run(fields, "--benchmark") for fields in benchmarks],
         dict(parse_method_info(fields) for fields in method_infos),
+        [parse_eval(fields, "--score") for fields in scores],
     )
     write_manifest(out, content, force)
     click.echo(f"wrote {out} ({len(content['entries'])} entries, {len(tasks)} tasks)")

@@ -84,7 +84,14 @@ from mini_trainer.pipeline.layout import (
     validation_file,
 )
 from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
-from mini_trainer.pipeline.trace import check_trace_config, trace_chat_flags, trace_source
+from mini_trainer.pipeline.trace import (
+    check_trace_config,
+    trace_chat_flags,
+    trace_predictions,
+    trace_score_file,
+    trace_scores,
+    trace_source,
+)
 
 __all__ = [
     "MODEL_RECORD",
@@ -163,5 +170,8 @@ __all__ = [
     "benchmark_files",
     "method_infos",
     "trace_chat_flags",
+    "trace_predictions",
+    "trace_score_file",
+    "trace_scores",
     "trace_source",
 ]

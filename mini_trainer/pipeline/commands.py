@@ -41,6 +41,7 @@ from mini_trainer.pipeline.layout import (
     validation_file,
 )
 from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
+from mini_trainer.pipeline.trace import trace_score_flags, trace_scores
 
 
 def eval_pairs(data_files: list[str], out_files: list[str]) -> str:
@@ -201,6 +202,7 @@ def manifest_inputs(config: Config) -> dict[str, list[str]]:
         "evals": all_eval_jsons(config),
         "runs": [final_dir(config, m, lr, s) for m, lr, s in sweep(config)],
         "summaries": [data_summary(dataset) for dataset, _ in summarized_datasets(config)],
+        "scores": [path for path, _ in trace_scores(config)],
     }
 
 
@@ -219,6 +221,8 @@ def manifest_flags(config: Config) -> str:
         parts.append(f"--run {shlex.join(fields)}")
     for dataset, task in summarized_datasets(config):
         parts.append(f"--data-summary {shlex.quote(data_summary(dataset))} {shlex.quote(task)}")
+    for fields in trace_score_flags(config):
+        parts.append(f"--score {shlex.join(fields)}")
     for fields in benchmark_files(config):
         parts.append(f"--benchmark {shlex.join(fields)}")
     for name, info in method_infos(config).items():

@@ -17,15 +17,17 @@ from mini_trainer.validation_options import VAL_METRICS
 
 @dataclass
 class EvalResult:
-    """An evaluate JSON, or why it could not be used (`problem`)."""
+    """An evaluate JSON (or a `trace-score` JSON), or why it could not be used (`problem`)."""
 
     path: Path
     data: dict | None
     problem: str | None = None
+    field: str = "token_accuracy"
+    """The number this file gives a matrix cell: `token_accuracy`, or a TRACE `score`."""
 
     @property
     def accuracy(self) -> float | None:
-        value = (self.data or {}).get("token_accuracy")
+        value = (self.data or {}).get(self.field)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         return float(value) if ok and math.isfinite(value) else None
 
@@ -100,11 +102,11 @@ def read_json_file(path: Path) -> tuple[dict | None, str | None]:
     return data, None
 
 
-def read_eval(path: Path) -> EvalResult:
+def read_eval(path: Path, field: str = "token_accuracy") -> EvalResult:
     data, problem = read_json_file(path)
-    result = EvalResult(path=path, data=data, problem=problem)
+    result = EvalResult(path=path, data=data, problem=problem, field=field)
     if problem is None and result.accuracy is None:
-        result.problem = "no token_accuracy in it"
+        result.problem = f"no {field} in it"
     return result
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from mini_trainer.manifest import Manifest
 from mini_trainer.report import html as h
+from mini_trainer.report import metrics
 from mini_trainer.report.inputs import Curve, lr_label, read_benchmark
 
 
@@ -114,3 +115,28 @@ def _settings(settings: dict) -> str:
     if not settings:
         return "none (the shared training options)"
     return "; ".join(f"{k}: {json.dumps(v)}" for k, v in sorted(settings.items()))
+
+
+def trace_section(groups) -> tuple[str, str, str]:
+    """TRACE's overall performance (OP: the mean score over the tasks seen after the last stage)
+    and BWT per (method, lr), from the `trace-score` cells: the AA and BWT of `metrics` on the
+    score matrix. Only when the manifest has score entries (config/trace.yaml)."""
+    rows = []
+    for g in groups:
+        matrix = g.matrix
+        rows.append([
+            h.text(g.method), h.text(lr_label(g.lr)), h.num(g.last_stage, "{:d}"),
+            h.pct(metrics.average_accuracy(matrix)) if g.last_stage >= 1 else h.MISSING,
+            h.pct(metrics.backward_transfer(matrix), signed=True) if g.last_stage >= 2
+            else '<td class="num">n/a (one stage)</td>',
+            h.text("; ".join(m for m in g.missing) or ""),
+        ])  # fmt: skip
+    intro = (
+        "<p>Scores of generated answers with each task's TRACE metric (accuracy, ROUGE-L, edit "
+        "similarity, SARI; <code>mini-trainer trace-score</code>), on [0, 1]. <b>OP</b> "
+        "(overall performance) is the mean score over the tasks seen after the last stage, "
+        "<b>BWT</b> the mean change of each earlier task's score since it was learned, as in "
+        "TRACE (arXiv:2310.06762).</p>"
+    )
+    headers = ["method", "learning rate", "last stage", "OP", "BWT", "missing scores"]
+    return "trace", "TRACE: overall performance (OP) and BWT", intro + h.table(headers, rows)
