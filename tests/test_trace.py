@@ -148,7 +148,7 @@ def test_the_trace_config_plans_every_task_from_traces_files_and_refuses_a_misma
     """config/trace.yaml as the Snakefile sees it (schema-validated, defaults filled in, checked):
     each stage's files come from the trace_chat rule, which reads TRACE's layout under
     `trace.root` and pins a file by its checksum. (`snakemake -n` of it, with `model: demo` and
-    the root at tests/fixtures/trace, plans 162 jobs: docs/evaluate.md.)"""
+    the root at tests/fixtures/trace, plans 818 jobs.)"""
     from snakemake.utils import validate
 
     from mini_trainer import pipeline
