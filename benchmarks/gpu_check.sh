@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check of mini-trainer's GPU path, in about 16 minutes on one GPU (--parts: less).
+# One prepared check of mini-trainer's GPU path, in about 16.5 minutes on one GPU (--parts: less).
 #
 #   benchmarks/gpu_check.sh [--out gpu_check.json] [--cpu-dry-run] [--parts NAME,NAME...]
 #
@@ -21,10 +21,12 @@
 #   train_lean      the demo training with bf16 parameters and 8-bit AdamW (torchao's kernels
 #                   compiled for CUDA), a state saved mid-run
 #   train_bf16_states  the same with bf16-state AdamW (pure torch, stochastic rounding)
-#   context_parallel   needs 8 GPUs (skipped with fewer; not in the 16.25 minutes): Llama-3.1-8B's
+#   context_parallel   needs 8 GPUs (skipped with fewer; not in the 16.75 minutes): Llama-3.1-8B's
 #                   config, random weights, one 131,072-token sample at --context-parallel 8,
 #                   forward+backward tokens/s per GPU beside torchtitan's 1,071 per H100
 #   train_ewc       ewc-fisher of the demo model, then the demo training with --method ewc
+#   trace_generate  a TRACE fixture task as chat, the demo model's greedy answers (bf16 on the
+#                   GPU, `mini-trainer generate`), TRACE's score of them (`trace-score`)
 #   train_async     the demo training with --async-save, a state every 10 steps (staged into
 #                   pinned host memory from the GPU, written by the background thread)
 # Then one JSON (--out) and a table on stdout. Exit status 1 if any part failed.
@@ -81,7 +83,7 @@ EOF
   echo "   $status"
 }
 
-# Time limits (seconds) sum to 16.25 minutes on a GPU (--parts for less); the CPU dry run gets more.
+# Time limits (seconds) sum to 16.75 minutes on a GPU (--parts for less); the CPU dry run gets more.
 if [[ -n "$DRY" ]]; then
   STEPS=3; NPROC=1; T_TESTS=600; T_ATTN=600; T_DEMO=300; T_TRAIN=600; T_THROUGHPUT=600
   T_COMPILED=1800  # inductor builds C++ kernels on the CPU: minutes on 2 shared cores
@@ -135,6 +137,15 @@ run_part train_ewc "$T_TRAIN" bash -c \
   '"$PY" -m mini_trainer ewc-fisher --model "$WORK/demo/model" --max-samples 64 --force \
      --data "$WORK/demo/data/sort.train.jsonl" --out "$WORK/ewc_fisher" &&
    train train_ewc --method ewc --ewc-lambda 1000 --ewc-fisher "$WORK/ewc_fisher"'
+
+# TRACE: a fixture task as chat, the demo model's greedy answers on the GPU (bf16), TRACE's score.
+run_part trace_generate "$T_DEMO" bash -c \
+  '"$PY" -m mini_trainer trace-chat tests/fixtures/trace/NumGLUE-ds/test.json --force \
+     --out "$WORK/trace/chat.jsonl" &&
+   "$PY" -m mini_trainer generate --model "$WORK/demo/model" --data "$WORK/trace/chat.jsonl" \
+     --out "$WORK/trace/pred.jsonl" --max-new-tokens 16 --force &&
+   "$PY" -m mini_trainer trace-score --task NumGLUE-ds --predictions "$WORK/trace/pred.jsonl" \
+     --data tests/fixtures/trace/NumGLUE-ds/test.json --out "$PARTS/trace_generate.json" --force'
 
 # Asynchronous saves: the CUDA staging path (device-to-host copies into pinned memory).
 run_part train_async "$T_TRAIN" bash -c \

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from mini_trainer.data.outputs import check_writable
@@ -23,7 +23,7 @@ from mini_trainer.io_utils import atomic_write_text
 BASE_MARK = "-"
 """Method and learning rate of the base model's entries on the command line (JSON null)."""
 
-KINDS = ("eval", "run", "data_summary")
+KINDS = ("eval", "run", "data_summary", "benchmark", "score")
 """The kinds of entry, each written by one `to_json` (or `build_manifest`) and read by `_entry`."""
 
 
@@ -41,17 +41,27 @@ class Entry:
     lr: float | None = None
     """The learning rate; None where `method` is."""
     stage: int | None = None
-    """0 for the base model, i for the model after stage i; None for data summaries."""
+    """0 for the base model, i for the model after stage i (a benchmark: the job's stage); None
+    for data summaries."""
     task: str | None = None
     """The evaluated task (eval) or the summarised one (data_summary); None for a run."""
 
 
 @dataclass
 class Manifest:
-    """A read manifest: the stage tasks in order and the entries."""
+    """A read manifest: the stage tasks in order, the entries, and what each method is."""
 
     tasks: list[str]
     entries: list[Entry]
+    methods: dict[str, dict] = field(default_factory=dict)
+    """Method name -> `{"label", "method", "settings", "bound"}` (`METHOD_INFO_FIELDS`); empty in
+    a manifest written before methods were described (the report then shows the names alone)."""
+
+
+METHOD_INFO_FIELDS = {"label": str, "method": str, "settings": dict, "bound": bool}
+"""A method's description in the manifest: its report label, the registered training method it
+runs, its settings as configured (what differs from the shared options), and whether it is the
+multi-task bound (drawn as a reference, not as a series)."""
 
 
 @dataclass(frozen=True)
@@ -79,10 +89,11 @@ class RunEntry:
                 "stage": self.stage}  # fmt: skip
 
 
-def parse_eval(fields: tuple[str, str, str, str, str]) -> EvalEntry:
-    """`PATH METHOD LR STAGE TASK`; METHOD and LR are `-` for the base model (stage 0)."""
+def parse_eval(fields: tuple[str, str, str, str, str], flag: str = "--eval") -> EvalEntry:
+    """`PATH METHOD LR STAGE TASK`; METHOD and LR are `-` for the base model (stage 0). With
+    `flag` `--score`: a `trace-score` JSON of that cell instead of an evaluate JSON."""
     path, method, lr, stage, task = fields
-    where = f"--eval {' '.join(fields)}"
+    where = f"{flag} {' '.join(fields)}"
     stage_number = _stage(stage, where)
     if method == BASE_MARK or lr == BASE_MARK:
         if (method, lr, stage_number) != (BASE_MARK, BASE_MARK, 0):
@@ -93,14 +104,42 @@ def parse_eval(fields: tuple[str, str, str, str, str]) -> EvalEntry:
     return EvalEntry(path, method, _lr(lr, where), stage_number, task)
 
 
-def parse_run(fields: tuple[str, str, str, str]) -> RunEntry:
-    """`PATH METHOD LR STAGE` of a training output folder."""
+def parse_run(fields: tuple[str, str, str, str], flag: str = "--run") -> RunEntry:
+    """`PATH METHOD LR STAGE` of a training output folder (or, with `flag` `--benchmark`, of the
+    Snakemake benchmark file of a job done for that cell)."""
     path, method, lr, stage = fields
-    where = f"--run {' '.join(fields)}"
+    where = f"{flag} {' '.join(fields)}"
     stage_number = _stage(stage, where)
     if stage_number < 1:
         raise UserError(f"{where}: STAGE starts at 1")
     return RunEntry(path, method, _lr(lr, where), stage_number)
+
+
+def parse_method_info(fields: tuple[str, str]) -> tuple[str, dict]:
+    """`NAME JSON`: a method's description (`METHOD_INFO_FIELDS`)."""
+    name, text = fields
+    where = f"--method-info {name}"
+    try:
+        info = json.loads(text)
+    except ValueError as error:
+        raise UserError(f"{where}: not JSON ({error})") from None
+    problems = _method_info_problems(info, where)
+    if problems:
+        raise UserError(*problems)
+    return name, info
+
+
+def _method_info_problems(info, where: str) -> list[str]:
+    if not isinstance(info, dict):
+        return [f"{where}: expected an object with {', '.join(METHOD_INFO_FIELDS)}"]
+    problems = []
+    for key, kind in METHOD_INFO_FIELDS.items():
+        if not isinstance(info.get(key), kind):
+            problems.append(f"{where}.{key}: expected a {kind.__name__}")
+    unknown = sorted(set(info) - set(METHOD_INFO_FIELDS))
+    if unknown:
+        problems.append(f"{where}: unknown field(s) {', '.join(unknown)}")
+    return problems
 
 
 def build_manifest(
@@ -108,26 +147,40 @@ def build_manifest(
     evals: list[EvalEntry],
     runs: list[RunEntry],
     data_summaries: list[tuple[str, str]],
+    benchmarks: list[RunEntry] = (),
+    methods: dict[str, dict] | None = None,
+    scores: list[EvalEntry] = (),
 ) -> dict:
-    """The manifest as a JSON-ready dict; refuses what would make the report ambiguous."""
+    """The manifest as a JSON-ready dict; refuses what would make the report ambiguous.
+
+    `benchmarks`: the Snakemake benchmark files of the jobs done for a (method, lr, stage) cell
+    (its training, its EWC Fisher...), the report's wall time per method; `methods`: each
+    method's description (`parse_method_info`); `scores`: TRACE score JSONs, cells as evals."""
     if not tasks:
         raise UserError("--task: give the stage tasks in order (at least one)")
     if len(set(tasks)) != len(tasks):
         raise UserError(f"--task: a task is given twice: {', '.join(tasks)}")
-    for entry in evals:
-        if entry.task not in tasks:
-            raise UserError(f"--eval {entry.path}: task {entry.task!r} is not a --task")
-    for entry in [*evals, *runs]:
+    for flag, entries in (("--eval", evals), ("--score", scores)):
+        for entry in entries:
+            if entry.task not in tasks:
+                raise UserError(f"{flag} {entry.path}: task {entry.task!r} is not a --task")
+    for entry in [*evals, *runs, *benchmarks, *scores]:
         if entry.stage > len(tasks):
             raise UserError(f"{entry.path}: stage {entry.stage} but only {len(tasks)} tasks")
     cells = [(e.method, e.lr, e.stage, e.task) for e in evals]
     _refuse_duplicates("--eval", cells)
+    _refuse_duplicates("--score", [(e.method, e.lr, e.stage, e.task) for e in scores])
     _refuse_duplicates("--run", [(r.method, r.lr, r.stage) for r in runs])
     entries = [e.to_json() for e in evals] + [r.to_json() for r in runs]
     entries += [
         {"kind": "data_summary", "path": path, "task": task} for path, task in data_summaries
     ]
-    return {"tasks": list(tasks), "entries": entries}
+    entries += [{**b.to_json(), "kind": "benchmark"} for b in benchmarks]
+    entries += [{**e.to_json(), "kind": "score"} for e in scores]
+    manifest = {"tasks": list(tasks), "entries": entries}
+    if methods:
+        manifest["methods"] = dict(methods)
+    return manifest
 
 
 def check_manifest_out(path: str | os.PathLike, force: bool) -> None:
@@ -205,9 +258,15 @@ def load_manifest(path: Path) -> Manifest:
         problems += entry_problems
         if entry is not None:
             entries.append(entry)
+    methods = raw.get("methods", {}) if isinstance(raw, dict) else {}
+    if not isinstance(methods, dict):
+        problems.append(f"{path}: methods: expected an object (method name -> description)")
+        methods = {}
+    for name, info in methods.items():
+        problems += _method_info_problems(info, f"{path}: methods.{name}")
     if problems:
         raise UserError(*problems)
-    return Manifest(tasks=tasks, entries=entries)
+    return Manifest(tasks=tasks, entries=entries, methods=methods)
 
 
 def _entry(item, where: str, tasks: list[str], manifest_dir: Path):
@@ -224,7 +283,9 @@ def _entry(item, where: str, tasks: list[str], manifest_dir: Path):
         problems.append(f"{where}.method: expected a name or null")
     if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float))):
         problems.append(f"{where}.lr: expected a number or null")
-    if kind in ("eval", "run"):
+    if kind == "benchmark" and (method is None or lr is None):
+        problems.append(f"{where}: a benchmark names the method and lr of its job")
+    if kind in ("eval", "run", "benchmark", "score"):
         if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
             problems.append(f"{where}.stage: expected an integer >= 0")
         elif stage > len(tasks):
@@ -233,7 +294,7 @@ def _entry(item, where: str, tasks: list[str], manifest_dir: Path):
             problems.append(f"{where}.method: stage 0 is the base model, its method is null")
         elif stage > 0 and method is None:
             problems.append(f"{where}.method: stage {stage} needs the method it was trained with")
-    if kind in ("eval", "data_summary") and task not in tasks:
+    if kind in ("eval", "data_summary", "score") and task not in tasks:
         problems.append(f"{where}.task: {task!r} is not one of the manifest's tasks")
     if problems:
         return None, problems

@@ -8,6 +8,7 @@ autograd of `lambda/2 sum F (theta - theta*)^2` over tensors read by the safeten
 from __future__ import annotations
 
 import json
+import subprocess
 
 import helpers
 import pytest
@@ -304,14 +305,31 @@ def test_ewc_lambda_0_and_lwf_weight_0_train_sft_bit_for_bit_and_positive_ones_d
 
 
 @pytest.mark.slow
-def test_ewc_on_two_ranks_logs_the_hand_computed_penalty_and_trains_as_one_rank(
+def test_ewc_and_lwf_on_two_ranks_log_their_terms_as_the_per_sample_reference(
     demo_dir, demo_fisher, tmp_path
 ):
-    """The penalty and its gradient live on each rank's shard: the logged sum over ranks equals
-    the formula over whole tensors, and the weights equal a one-rank run's."""
+    """One torchrun launch, two jobs in the same two processes (tests/method_ranks.py).
+    EWC: the penalty and its gradient live on each rank's shard: the logged sum over ranks
+    equals the formula over whole tensors, and the weights equal a one-rank run's.
+    LwF: the logged KL of steps 2 and 3 (each step all 8 samples, split over the ranks) equals
+    KL(teacher || student) at T from the whole logits of transformers' own model, one sample at
+    a time (teacher: the start; student: the checkpoint after the step before)."""
     extra = {"method": "ewc", "ewc-lambda": 1e4, "ewc-fisher": demo_fisher,
              "min-samples-per-checkpoint": 8}  # fmt: skip
-    helpers.run_torchrun(*ewc_flags(demo_dir, tmp_path / "two", **extra))
+    data = tmp_path / "eight.jsonl"
+    lines = (demo_dir / "data/sort_desc.train.jsonl").read_text().splitlines()[:8]
+    data.write_text("".join(line + "\n" for line in lines))
+    temperature = 2.0
+    lwf = {"method": "lwf", "lwf-weight": 1.0, "lwf-temperature": temperature,
+           "lwf-top-k": 100000, "data-path": data, "min-samples-per-checkpoint": 8}  # fmt: skip
+    jobs = tmp_path / "jobs.json"
+    jobs.write_text(json.dumps([ewc_flags(demo_dir, tmp_path / "two", **extra),
+                                ewc_flags(demo_dir, tmp_path / "lwf", **lwf)]))  # fmt: skip
+    command = [*helpers.torchrun_command(nproc=2)[:-2], str(helpers.REPO_ROOT / "tests" /
+               "method_ranks.py"), str(jobs)]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, cwd=helpers.REPO_ROOT,
+                            env=helpers.subprocess_env(), timeout=600)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
     assert train_in_process(*ewc_flags(demo_dir, tmp_path / "one", **extra)).returncode == 0
     fisher = load_file(demo_fisher / "fisher.safetensors")
     anchor = load_file(demo_fisher / "anchor.safetensors")
@@ -332,6 +350,27 @@ def test_ewc_on_two_ranks_logs_the_hand_computed_penalty_and_trains_as_one_rank(
     two = load_file(tmp_path / "two" / "final" / "model.safetensors")
     for name in one:  # Adam's normalized steps (3e-3) magnify sum-order noise where a grad is ~0
         torch.testing.assert_close(two[name], one[name], rtol=1e-3, atol=1e-4)
+
+    from transformers import AutoModelForCausalLM
+
+    samples = [json.loads(line) for line in lines]
+    teacher = AutoModelForCausalLM.from_pretrained(demo_dir / "model").eval()
+    kl_rows = read_metrics(tmp_path / "lwf")
+    for step in (2, 3):
+        saved = tmp_path / "lwf" / f"hf_format/samples_{8 * (step - 1)}"
+        student = AutoModelForCausalLM.from_pretrained(saved).eval()
+        total, tokens = 0.0, 0
+        for sample in samples:  # logits[t] against labels[t + 1], as the training loss
+            ids = torch.tensor([sample["input_ids"]])
+            kept = torch.tensor(sample["labels"][1:]) != -100
+            with torch.no_grad():
+                p, q = (model(ids, use_cache=False).logits[0, :-1][kept].double() / temperature
+                        for model in (teacher, student))  # fmt: skip
+            log_p, log_q = p.log_softmax(-1), q.log_softmax(-1)
+            total += (log_p.exp() * (log_p - log_q)).sum().item()
+            tokens += int(kept.sum())
+        assert kl_rows[step - 1]["lwf_kl"] == pytest.approx(total / tokens, rel=1e-3)
+        assert total / tokens > 1e-5  # a real divergence, not two equal models
 
 
 def test_the_plan_counts_ewc_fisher_and_anchor_and_the_lwf_teacher_shard():
@@ -485,3 +524,35 @@ def test_the_multitask_bound_is_one_run_from_the_base_model_on_every_stage_data(
     bad["methods"]["multitask"] = {**config["methods"]["multitask"], "replay_fraction": 0.5}
     with pytest.raises(pipeline.ConfigError, match="not with multitask"):
         pipeline.check_config(bad)
+
+
+def test_the_manifest_describes_each_method_and_lists_its_jobs_benchmark_files(tmp_path):
+    """config/methods.yaml's manifest flags: each series with its registered method's report
+    label and its settings (the multi-task bound marked as such, an interpolated series as its
+    alpha), and the benchmark file of every job done for a cell (training, the EWC Fisher of a
+    stage a next one follows, each interpolation); `mini-trainer manifest` takes them as given."""
+    import shlex
+
+    from mini_trainer import pipeline
+    from mini_trainer.manifest import load_manifest
+
+    config = methods_config()
+    infos = pipeline.method_infos(config)
+    assert infos["lwf"] == {"label": "LwF", "method": "lwf", "bound": False,
+                            "settings": {"lwf_weight": 1.0, "lwf_temperature": 2.0}}  # fmt: skip
+    assert infos["replay"] == {"label": "SFT", "method": "sft", "bound": False,
+                               "settings": {"replay_fraction": 0.25}}  # fmt: skip
+    assert infos["multitask"]["bound"] and infos["multitask"]["settings"]["max_steps"] == 240
+    assert [infos[m]["label"] for m in ("sft", "osft", "ewc")] == ["SFT", "OSFT", "EWC"]
+    assert infos["sft-wise50"]["settings"] == {"interpolated_from": "sft", "alpha": 0.5}
+    files = pipeline.benchmark_files(config)
+    sweep = pipeline.sweep(config)
+    assert sum(path.startswith("results/benchmarks/train/") for path, *_ in files) == len(sweep)
+    fishers = [(m, lr, s) for path, m, lr, s in files if "/ewc_fisher/" in path]
+    assert fishers == [("ewc", lr, s) for lr in ("0.003", "0.01") for s in ("1", "2")]
+    assert sum("/interpolate/" in path for path, *_ in files) == 6  # 2 rates x 3 stages
+    flags = shlex.split(pipeline.manifest_flags(config))
+    run_cli("manifest", "--out", tmp_path / "m.json", *flags, check=True)
+    manifest = load_manifest(tmp_path / "m.json")
+    assert manifest.methods == infos
+    assert sum(e.kind == "benchmark" for e in manifest.entries) == len(files)

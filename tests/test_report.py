@@ -91,7 +91,8 @@ def write_experiment(root):
                     continue
                 run.mkdir(parents=True)
                 rows = [{"step": k, "loss": 2.0 / k, "lr": lr * (1 - k / 10),
-                         "tokens_per_second": 1000.0 + k} for k in range(1, 11)]  # fmt: skip
+                         "tokens_per_second": 1000.0 + k, "num_tokens": 100 * k,
+                         "step_time_s": 0.5} for k in range(1, 11)]  # fmt: skip
                 (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
                 (run / "training_args.json").write_text(
                     json.dumps(
@@ -124,6 +125,73 @@ def write_experiment(root):
     manifest = root / "manifest.json"
     manifest.write_text(json.dumps({"tasks": TASKS, "entries": entries}))
     return manifest
+
+
+def test_methods_are_labelled_costed_and_the_bound_is_a_reference_line(tmp_path):
+    """With the manifest's method descriptions and benchmark files: a table of each method's
+    label and settings, the cost of each (method, lr) (tokens and step time from its runs'
+    metrics, wall time from its jobs' benchmark files; a shared run costs both methods), and the
+    multi-task bound on the frontier as reference lines, not as a series."""
+    from mini_trainer.report import build, sections
+
+    manifest = write_experiment(tmp_path)
+    content = json.loads(manifest.read_text())
+    # The multi-task bound: evaluated after the last stage only (newest c 0.75, retained 0.85).
+    for task, value in zip(TASKS, [0.9, 0.8, 0.75], strict=True):
+        path = tmp_path / "eval" / "multitask" / f"{task}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"token_accuracy": value}))
+        content["entries"].append({"kind": "eval", "path": str(path), "task": task,
+                                   "method": "multitask", "lr": 0.01, "stage": 3})  # fmt: skip
+    for stage in (1, 2, 3):  # SFT lr 0.01: three training jobs of 12.5 s; OSFT's stage 3 lost
+        for method, seconds in (("sft", "12.5"), ("osft", None if stage == 3 else "20")):
+            bench = tmp_path / "bench" / f"{method}{stage}.tsv"
+            bench.parent.mkdir(exist_ok=True)
+            if seconds:
+                bench.write_text(f"s\th:m:s\tmax_rss\n{seconds}\t0:00:12\t100\n")
+            content["entries"].append({"kind": "benchmark", "path": str(bench),
+                                       "method": method, "lr": 0.01, "stage": stage})  # fmt: skip
+    info = {"label": "SFT", "method": "sft", "settings": {}, "bound": False}
+    content["methods"] = {
+        "sft": info, "osft": {**info, "label": "OSFT", "method": "osft",
+                              "settings": {"osft_unfreeze_rank_ratio": 0.25}},
+        "replay": {**info, "settings": {"replay_fraction": 0.25}},
+        "multitask": {**info, "settings": {"multitask": True}, "bound": True},
+    }  # fmt: skip
+    manifest.write_text(json.dumps(content))
+    assert run_cli("report", "--out", tmp_path / "out", "--manifest", manifest).returncode == 0
+    page = (tmp_path / "out" / "report.html").read_text()
+    methods = page.split('<section id="methods">')[1].split("</section>")[0]
+    assert "<tr><td>osft</td><td>OSFT</td><td>osft</td><td>series</td>" in methods
+    assert "<td>osft_unfreeze_rank_ratio: 0.25</td>" in methods
+    assert "<td>replay_fraction: 0.25</td>" in methods
+    assert "<tr><td>multitask</td><td>SFT</td><td>sft</td><td>multi-task bound" in methods
+
+    def cost_row(method, lr):
+        match = re.search(rf"<tr><td>{method}</td><td>lr {lr}</td>(.*?)</tr>", methods)
+        return re.findall(r"<td[^>]*>(.*?)</td>", match.group(1))
+
+    # 3 runs of 10 steps: tokens 3 x (100 + ... + 1000) = 16,500, step time 3 x 10 x 0.5 s.
+    assert cost_row("sft", "0.01") == ["3", "16,500", "15.0", "37.5", "3"]
+    # replay pays for SFT's stage-1 run it shares; no benchmark listed for it
+    assert cost_row("replay", "0.01") == ["3", "16,500", "15.0", "0.0", "0"]
+    assert cost_row("osft", "0.01") == ["3", "16,500", "15.0", "missing", "3"]
+    assert "osft3.tsv: no such file" in methods
+    frontier = page.split('<section id="frontier">')[1].split("</section>")[0]
+    assert "multi-task bound, lr 0.01" in frontier and "85.0% retained, 75.0% on the" in frontier
+
+    drawn = {}
+
+    class Plots:  # what the frontier hands to matplotlib
+        @staticmethod
+        def plot_frontier(series, path, front, reference):
+            drawn.update(series=series, reference=reference)
+
+    groups, _ = build.collect_groups(build.load_manifest(manifest))
+    sections.frontier_section(groups, tmp_path, Plots, "note", frozenset({"multitask"}))
+    assert sorted(drawn["series"]) == ["replay", "sft"]  # the bound is no series
+    label = "multitask (multi-task bound, lr 0.01)"
+    assert drawn["reference"] == (label, 0.75, pytest.approx(0.85))
 
 
 def is_png(path) -> bool:
@@ -240,17 +308,20 @@ def test_report_without_manifest_plots_the_given_runs(tmp_path):
 
 def test_bad_manifest_is_reported_per_field_and_nothing_written(tmp_path):
     manifest = tmp_path / "m.json"
+    bad_info = {"label": "SFT", "method": "sft", "settings": {}, "bound": "no"}
     manifest.write_text(json.dumps({"tasks": ["a"], "entries": [
         {"kind": "eval", "path": "x.json", "method": "sft", "lr": 0.1, "stage": 1, "task": "z"},
         {"kind": "plot", "path": "y"},
         {"kind": "run", "path": "r", "method": None, "lr": None, "stage": 1},
-    ]}))  # fmt: skip
+    ], "methods": {"sft": bad_info}}))  # fmt: skip
     result = run_cli("report", "--out", tmp_path / "out", "--manifest", manifest)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"error: {manifest}: entries[0].task: 'z' is not one of the manifest's tasks",
-        f"error: {manifest}: entries[1].kind: 'plot' is not one of eval, run, data_summary",
+        f"error: {manifest}: entries[1].kind: 'plot' is not one of eval, run, data_summary, "
+        "benchmark, score",
         f"error: {manifest}: entries[2].method: stage 1 needs the method it was trained with",
+        f"error: {manifest}: methods.sft.bound: expected a bool",
     ]
     assert not (tmp_path / "out").exists()
 

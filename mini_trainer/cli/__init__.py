@@ -7,7 +7,7 @@ Heavy imports (torch, transformers) happen inside the subcommands that need them
 from __future__ import annotations
 
 # Each module registers its subcommands on the group when imported.
-from mini_trainer.cli import data, methods, models, results, training  # noqa: F401
+from mini_trainer.cli import data, methods, models, results, trace, training  # noqa: F401
 from mini_trainer.cli.group import cli
 
 __all__ = ["cli", "main"]

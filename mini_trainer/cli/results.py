@@ -23,6 +23,7 @@ from mini_trainer.manifest import (
     build_manifest,
     check_manifest_out,
     parse_eval,
+    parse_method_info,
     parse_run,
     write_manifest,
 )
@@ -156,6 +157,30 @@ def evaluate(
     metavar="PATH TASK",
     help="A `validate` summary JSON of a task's training file (repeat).",
 )
+@click.option(
+    "--benchmark",
+    "benchmarks",
+    multiple=True,
+    type=(str, str, str, str),
+    metavar="PATH METHOD LR STAGE",
+    help="A Snakemake benchmark TSV of a job done for that cell (its wall time) (repeat).",
+)
+@click.option(
+    "--score",
+    "scores",
+    multiple=True,
+    type=(str, str, str, str, str),
+    metavar="PATH METHOD LR STAGE TASK",
+    help="A `trace-score` JSON and its cell, as --eval (repeat).",
+)
+@click.option(
+    "--method-info",
+    "method_infos",
+    multiple=True,
+    type=(str, str),
+    metavar="NAME JSON",
+    help='A method\'s description: {"label", "method", "settings", "bound"} (repeat).',
+)
 @force_option("Replace an existing manifest.")
 def manifest(
     out: Path,
@@ -163,6 +188,9 @@ def manifest(
     evals: tuple[tuple[str, str, str, str, str], ...],
     runs: tuple[tuple[str, str, str, str], ...],
     data_summaries: tuple[tuple[str, str], ...],
+    benchmarks: tuple[tuple[str, str, str, str], ...],
+    method_infos: tuple[tuple[str, str], ...],
+    scores: tuple[tuple[str, str, str, str, str], ...],
     force: bool,
 ) -> None:
     """Write the report manifest: which file is which cell of the experiment.
@@ -177,6 +205,9 @@ def manifest(
         [parse_eval(fields) for fields in evals],
         [parse_run(fields) for fields in runs],
         list(data_summaries),
+        [parse_run(fields, "--benchmark") for fields in benchmarks],
+        dict(parse_method_info(fields) for fields in method_infos),
+        [parse_eval(fields, "--score") for fields in scores],
     )
     write_manifest(out, content, force)
     click.echo(f"wrote {out} ({len(content['entries'])} entries, {len(tasks)} tasks)")

@@ -20,11 +20,13 @@ from mini_trainer.pipeline.checks import (
     read_config_file,
 )
 from mini_trainer.pipeline.commands import (
+    benchmark_files,
     cli_flags,
     drop_states_resource,
     eval_pairs,
     manifest_flags,
     manifest_inputs,
+    method_infos,
     mix_flags,
     mix_input_files,
     plan_flags,
@@ -82,6 +84,14 @@ from mini_trainer.pipeline.layout import (
     validation_file,
 )
 from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
+from mini_trainer.pipeline.trace import (
+    check_trace_config,
+    trace_chat_flags,
+    trace_predictions,
+    trace_score_file,
+    trace_scores,
+    trace_source,
+)
 
 __all__ = [
     "MODEL_RECORD",
@@ -156,4 +166,12 @@ __all__ = [
     "train_threads",
     "training_options",
     "validation_file",
+    "check_trace_config",
+    "benchmark_files",
+    "method_infos",
+    "trace_chat_flags",
+    "trace_predictions",
+    "trace_score_file",
+    "trace_scores",
+    "trace_source",
 ]

@@ -29,6 +29,7 @@ from mini_trainer.pipeline.layout import (
     training_options,
     validation_file,
 )
+from mini_trainer.pipeline.trace import check_trace_config
 from mini_trainer.training_args import TrainingArgs
 
 
@@ -82,6 +83,7 @@ def check_config(config: Config) -> None:
         check_data_config(config, DEMO_TASKS)
     except DataConfigError as error:
         raise ConfigError(f"config: {error.key}", error.reason) from None
+    check_trace_config(config)
     _check_gpus(config)
     if config["training"].get("max_tokens_per_gpu") is None:
         raise ConfigError(

@@ -5,11 +5,15 @@ Pure functions of the config (see `layout`); the rule files only place their res
 
 from __future__ import annotations
 
+import json
 import shlex
 from typing import Any
 
 from mini_trainer.manifest import BASE_MARK
+from mini_trainer.methods import method_label
+from mini_trainer.pipeline.data import is_multitask
 from mini_trainer.pipeline.hub import model_flags, model_input
+from mini_trainer.pipeline.interpolation import interpolated_series
 from mini_trainer.pipeline.layout import (
     Config,
     PipelineError,
@@ -26,6 +30,7 @@ from mini_trainer.pipeline.layout import (
     parse_source,
     run_dir,
     run_key,
+    selected_method,
     stage_dataset,
     start_model,
     svd_dir,
@@ -36,6 +41,7 @@ from mini_trainer.pipeline.layout import (
     validation_file,
 )
 from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
+from mini_trainer.pipeline.trace import trace_score_flags, trace_scores
 
 
 def eval_pairs(data_files: list[str], out_files: list[str]) -> str:
@@ -196,6 +202,7 @@ def manifest_inputs(config: Config) -> dict[str, list[str]]:
         "evals": all_eval_jsons(config),
         "runs": [final_dir(config, m, lr, s) for m, lr, s in sweep(config)],
         "summaries": [data_summary(dataset) for dataset, _ in summarized_datasets(config)],
+        "scores": [path for path, _ in trace_scores(config)],
     }
 
 
@@ -214,4 +221,49 @@ def manifest_flags(config: Config) -> str:
         parts.append(f"--run {shlex.join(fields)}")
     for dataset, task in summarized_datasets(config):
         parts.append(f"--data-summary {shlex.quote(data_summary(dataset))} {shlex.quote(task)}")
+    for fields in trace_score_flags(config):
+        parts.append(f"--score {shlex.join(fields)}")
+    for fields in benchmark_files(config):
+        parts.append(f"--benchmark {shlex.join(fields)}")
+    for name, info in method_infos(config).items():
+        parts.append(f"--method-info {shlex.quote(name)} {shlex.quote(json.dumps(info))}")
     return " ".join(parts)
+
+
+def benchmark_files(config: Config) -> list[list[str]]:
+    """(path, method, lr, stage) of the Snakemake benchmark file of each job done for a cell:
+    its training (a run two methods share is listed for both), the EWC Fisher taken from its
+    final weights, and each weight interpolation of an interpolated series (the report's wall
+    time per method; the rules' `benchmark:` paths)."""
+    files = []
+    for method, lr, stage in sweep(config):
+        run = run_dir(config, method, lr, stage).removeprefix("results/train/")
+        files.append([f"results/benchmarks/train/{run}.tsv", method, lr, str(stage)])
+        if uses_method(method_options(config, method), "ewc") and stage < len(config["stages"]):
+            files.append([f"results/benchmarks/ewc_fisher/{run}.tsv", method, lr, str(stage)])
+    for series, (method, pct) in interpolated_series(config).items():
+        for trained, lr, stage in sweep(config):
+            if trained == method:
+                run = run_dir(config, method, lr, stage).removeprefix("results/train/")
+                path = f"results/benchmarks/interpolate/{run}/wise{pct}.tsv"
+                files.append([path, series, lr, str(stage)])
+    return files
+
+
+def method_infos(config: Config) -> dict[str, dict]:
+    """Each series of the report (a method entry, an interpolated series) described: its
+    registered method's report label, that method's name, its settings as configured (its
+    entry less the learning rates, `training` overrides inlined) and whether it is the
+    multi-task bound (`manifest.METHOD_INFO_FIELDS`)."""
+    infos = {}
+    for method, entry in config["methods"].items():
+        registered = selected_method(method_options(config, method))
+        settings = {k: v for k, v in entry.items() if k not in ("learning_rates", "training")}
+        settings.pop("method", None)
+        settings.update(entry.get("training", {}))
+        infos[method] = {"label": method_label(registered), "method": registered,
+                         "settings": settings, "bound": is_multitask(config, method)}  # fmt: skip
+    for series, (method, pct) in interpolated_series(config).items():
+        infos[series] = {**infos[method], "bound": False,
+                         "settings": {"interpolated_from": method, "alpha": pct / 100}}  # fmt: skip
+    return infos

@@ -178,10 +178,14 @@ def method_options(config: Config, method: str) -> dict[str, Any]:
     return options
 
 
+def selected_method(options: dict[str, Any]) -> str:
+    """The registered method training options select (`osft: true` is `method: osft`)."""
+    return options.get("method") or ("osft" if options.get("osft") else "sft")
+
+
 def uses_method(options: dict[str, Any], name: str) -> bool:
-    """Whether training options select method `name` (`osft: true` is `method: osft`)."""
-    selected = options.get("method") or ("osft" if options.get("osft") else "sft")
-    return selected == name
+    """Whether training options select method `name`."""
+    return selected_method(options) == name
 
 
 def svd_targets_key(options: dict[str, Any]) -> str:

@@ -29,6 +29,7 @@ from mini_trainer.report.inputs import (
     read_json_file,
     read_run,
 )
+from mini_trainer.report.methods import methods_section, trace_section
 from mini_trainer.report.sections import (
     data_section,
     evals_section,
@@ -74,21 +75,24 @@ class Group:
         return slug(self.name.replace(", lr ", "_lr"))
 
 
-def collect_groups(manifest: Manifest) -> tuple[list[Group], dict[tuple, EvalResult]]:
-    """Per (method, lr): the accuracy cells, the last stage and the missing evaluations."""
+def collect_groups(
+    manifest: Manifest, kind: str = "eval", field: str = "token_accuracy"
+) -> tuple[list[Group], dict[tuple, EvalResult]]:
+    """Per (method, lr): the accuracy cells (the `kind` entries' `field`: evaluations' token
+    accuracy, or TRACE scores), the last stage and the missing evaluations."""
     tasks = manifest.tasks
     evals: dict[tuple, EvalResult] = {}
     groups: dict[tuple[str, float | None], Group] = {}
     base: dict[int, EvalResult] = {}
     for entry in manifest.entries:
-        if entry.kind not in ("eval", "run"):
-            continue
+        if entry.kind not in (kind, "run"):
+            continue  # data summaries, benchmarks and the other kind of cell
         if entry.method is not None:
             key = (entry.method, entry.lr)
             group = groups.setdefault(key, Group(entry.method, entry.lr, len(tasks)))
             group.last_stage = max(group.last_stage, entry.stage)
-        if entry.kind == "eval":
-            result = read_eval(entry.path)
+        if entry.kind == kind:
+            result = read_eval(entry.path, field)
             evals[(entry.method, entry.lr, entry.stage, entry.task)] = result
             if entry.stage == 0:
                 base[tasks.index(entry.task)] = result
@@ -202,8 +206,12 @@ def build_report(
         sections = []
         if manifest is not None:
             sections.append(summary_section(groups, shared))
-            sections.append(frontier_section(groups, tmp, plots, FRONTIER_NOTE))
+            bounds = frozenset(n for n, info in manifest.methods.items() if info["bound"])
+            sections.append(frontier_section(groups, tmp, plots, FRONTIER_NOTE, bounds))
             sections.append(matrices_section(groups, tasks, tmp, plots))
+            sections.append(methods_section(manifest, panels))
+            if any(entry.kind == "score" for entry in manifest.entries):
+                sections.append(trace_section(collect_groups(manifest, "score", "score")[0]))
         sections.append(training_section(runs, panels, tmp, plots))
         sections.append(evals_section(eval_files, extra_evals))
         if manifest is not None:

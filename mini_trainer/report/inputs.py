@@ -17,15 +17,17 @@ from mini_trainer.validation_options import VAL_METRICS
 
 @dataclass
 class EvalResult:
-    """An evaluate JSON, or why it could not be used (`problem`)."""
+    """An evaluate JSON (or a `trace-score` JSON), or why it could not be used (`problem`)."""
 
     path: Path
     data: dict | None
     problem: str | None = None
+    field: str = "token_accuracy"
+    """The number this file gives a matrix cell: `token_accuracy`, or a TRACE `score`."""
 
     @property
     def accuracy(self) -> float | None:
-        value = (self.data or {}).get("token_accuracy")
+        value = (self.data or {}).get(self.field)
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         return float(value) if ok and math.isfinite(value) else None
 
@@ -100,11 +102,11 @@ def read_json_file(path: Path) -> tuple[dict | None, str | None]:
     return data, None
 
 
-def read_eval(path: Path) -> EvalResult:
+def read_eval(path: Path, field: str = "token_accuracy") -> EvalResult:
     data, problem = read_json_file(path)
-    result = EvalResult(path=path, data=data, problem=problem)
+    result = EvalResult(path=path, data=data, problem=problem, field=field)
     if problem is None and result.accuracy is None:
-        result.problem = "no token_accuracy in it"
+        result.problem = f"no {field} in it"
     return result
 
 
@@ -130,3 +132,22 @@ def read_run(path: Path, label: str | None = None) -> RunData:
     run.args, _ = read_json_file(path / "training_args.json")
     run.best, _ = read_json_file(path / "best" / "best_checkpoint.json")
     return run
+
+
+def read_benchmark(path: Path) -> tuple[float | None, str | None]:
+    """(wall seconds, None) of a Snakemake benchmark TSV (its `s` column, the first row), or
+    (None, why not): missing, unreadable, no `s` column or no number in it."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return None, "no such file"
+    except (OSError, UnicodeDecodeError) as error:
+        return None, f"unreadable ({error})"
+    if len(lines) < 2 or "s" not in lines[0].split("\t"):
+        return None, "not a benchmark file (no `s` column and row)"
+    value = lines[1].split("\t")[lines[0].split("\t").index("s")]
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None, f"`s` is {value!r}, not a number"
+    return (seconds, None) if math.isfinite(seconds) and seconds >= 0 else (None, f"`s` is {value}")

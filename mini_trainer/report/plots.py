@@ -145,14 +145,23 @@ def plot_matrix(
 
 
 def plot_frontier(
-    series: dict[str, list[tuple[float, float, str]]], path: Path, front: dict[str, list[int]]
+    series: dict[str, list[tuple[float, float, str]]],
+    path: Path,
+    front: dict[str, list[int]],
+    reference: tuple[str, float, float] | None = None,
 ) -> None:
     """Per method, retained earlier-task accuracy against newest-task accuracy.
 
     `series[method]` holds (newest, retained, label) per learning rate; `front[method]` the
     indices on that method's Pareto front (drawn as a line; the others as hollow points).
+    `reference` (label, newest, retained), the multi-task bound, is two dashed grey lines
+    through its point, not a series.
     """
     fig, ax = plt.subplots(figsize=(6.4, 4.8))
+    if reference is not None:
+        label, newest, retained = reference
+        ax.axhline(retained, color="0.45", ls="--", lw=1.2, label=label)
+        ax.axvline(newest, color="0.45", ls="--", lw=1.2)
     colours = plt.get_cmap("tab10")
     for i, (method, points) in enumerate(sorted(series.items())):
         colour = colours(i % colours.N)
@@ -173,6 +182,6 @@ def plot_frontier(
     ax.set_ylabel("mean accuracy on earlier tasks (retention)")
     ax.set_title("Retention vs. learning, one point per learning rate")
     ax.grid(alpha=0.3)
-    if series:
+    if series or reference is not None:
         ax.legend(fontsize=8, loc="lower left")
     _save(fig, path)

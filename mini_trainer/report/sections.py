@@ -49,21 +49,38 @@ def summary_section(groups, shared: list[str] = ()) -> tuple[str, str, str]:
     return "summary", "Average accuracy (AA) and backward transfer (BWT)", intro + body
 
 
-def frontier_section(groups, folder: Path, plots, note: str) -> tuple[str, str, str]:
+def frontier_section(
+    groups, folder: Path, plots, note: str, bounds: frozenset[str] = frozenset()
+) -> tuple[str, str, str]:
+    """One series per method, one point per learning rate; a method in `bounds` (the multi-task
+    bound) is no series: its best learning rate (highest AA) is drawn as reference lines."""
     series: dict[str, list[tuple[float, float, str]]] = {}
     skipped = []
+    references = []
     for g in groups:
         matrix = g.matrix
         point = metrics.frontier_point(matrix) if g.last_stage >= 2 else None
         if point is None:
             skipped.append(g.name)
-            continue
-        series.setdefault(g.method, []).append((point[0], point[1], lr_label(g.lr)))
+        elif g.method in bounds:
+            references.append((metrics.average_accuracy(matrix) or 0.0, g, point))
+        else:
+            series.setdefault(g.method, []).append((point[0], point[1], lr_label(g.lr)))
+    reference = None
+    if references:
+        _, best, (newest, retained) = max(references, key=lambda r: r[0])
+        reference = (f"{best.method} (multi-task bound, {lr_label(best.lr)})", newest, retained)
     front = {m: metrics.pareto_front([(x, y) for x, y, _ in pts]) for m, pts in series.items()}
-    plots.plot_frontier(series, folder / "frontier.png", front)
+    plots.plot_frontier(series, folder / "frontier.png", front, reference)
     extra = ""
+    if reference:
+        extra += (
+            f"<p>The multi-task bound ({h.esc(reference[0])}: one training on every task's "
+            f"data) is drawn as reference lines, not as a series: {reference[2]:.1%} retained, "
+            f"{reference[1]:.1%} on the newest task (its best learning rate by AA).</p>"
+        )
     if skipped:
-        extra = (
+        extra += (
             f'<p class="problems">Not on the plot (a needed evaluation is missing, or fewer '
             f"than two stages): {h.esc(', '.join(skipped))}.</p>"
         )

@@ -86,6 +86,34 @@ rule tokenize:
         " --out {output:q} --force > {log} 2>&1"
 
 
+if "trace" in config:
+
+    rule trace_chat:
+        """A TRACE task's file (`trace.root`/<task>/{train,test}.json) as chat JSONL, the prompt
+        the user turn and the answer the reply (`mini-trainer trace-chat`; config/trace.yaml)."""
+        input:
+            lambda wc: trace_source(wc.task, wc.split),
+        output:
+            "results/data/trace/{task}.{split}.jsonl",
+        wildcard_constraints:
+            split="train|eval",
+        params:
+            sha256=lambda wc: trace_chat_flags(wc.task, wc.split),
+        log:
+            "logs/trace_chat/{task}.{split}.log",
+        benchmark:
+            "results/benchmarks/trace_chat/{task}.{split}.tsv"
+        threads: 1
+        resources:
+            mem_mb=rule_resource("trace_chat", "mem_mb"),
+            runtime=rule_resource("trace_chat", "runtime"),
+        conda:
+            "../envs/mini-trainer.yaml"
+        shell:
+            '"$MINI_TRAINER_PYTHON" -m mini_trainer trace-chat {input:q} --out {output:q}'
+            "{params.sha256} --force > {log} 2>&1"
+
+
 rule mix:
     """A stage's training mixture (`mixtures:`) and/or a replay method's share of the earlier
     stages' samples, as one file (see docs/data.md for how samples are chosen)."""
