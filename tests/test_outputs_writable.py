@@ -8,11 +8,14 @@ import os
 import subprocess
 
 import pytest
-from helpers import base_flags, run_cli
+from helpers import REPO_ROOT, base_flags, run_cli
+
+TRACE = REPO_ROOT / "tests" / "fixtures" / "trace"
 
 SUBCOMMANDS = [
     "demo-assets", "validate", "tokenize", "osft-svd", "train", "launch", "evaluate", "report",
     "manifest", "resolve-model", "split-validation", "mix", "ewc-fisher", "interpolate",
+    "generate", "trace-chat", "trace-score",
 ]  # fmt: skip
 
 
@@ -56,6 +59,10 @@ def _command(subcommand, demo_dir, tmp_path, ro):
                        "--out", ro / "fisher"],
         "interpolate": ["--previous", model, "--new", model, "--alpha", 0.5,
                         "--out", ro / "wise"],
+        "generate": ["--model", model, "--data", chat, "--out", ro / "answers.jsonl"],
+        "trace-chat": [TRACE / "FOMC" / "train.json", "--out", ro / "fomc.jsonl"],
+        "trace-score": ["--task", "FOMC", "--data", TRACE / "FOMC" / "test.json",
+                        "--predictions", chat, "--out", ro / "score.json"],
     }[subcommand]  # fmt: skip
 
 
