@@ -28,7 +28,7 @@ from mini_trainer.distributed.launcher import (
     write_report,
 )
 from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
-from mini_trainer.distributed.retry import record_exit, refuse_final_retry
+from mini_trainer.distributed.retry import record_exit, refuse_final_retry, requeue_if_asked
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import TorchrunArgs
 from mini_trainer.log_setup import setup_logging
@@ -251,6 +251,7 @@ def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:
     check_inputs(args, torchrun_args.nproc_per_node * torchrun_args.nnodes)
     status, lines = supervise(torchrun_args, pin_model_revision(args, train_argv))
     record_exit(Path(args.output_dir), status, lines)
+    requeue_if_asked(status)  # a pipeline's Slurm job after 75 (or 1): Slurm runs it again
     return status
 
 
