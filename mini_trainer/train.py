@@ -180,12 +180,13 @@ def _print_error(error: UserError, rank: int, local_rank: int, started: bool) ->
 def run(args: TrainingArgs) -> int:
     # deferred: torch, only once the flags are good
     from mini_trainer.distributed.run_lock import release
-    from mini_trainer.distributed.runtime import init_runtime, shutdown
+    from mini_trainer.distributed.runtime import deterministic_kernels, init_runtime, shutdown
     from mini_trainer.training.loop import train
 
     runtime = init_runtime()
     try:
-        return train(agree_on_model(args, runtime), runtime)
+        with deterministic_kernels(args.deterministic, runtime):
+            return train(agree_on_model(args, runtime), runtime)
     finally:
         release()
         shutdown()
