@@ -7,7 +7,7 @@
 
 from snakemake.utils import min_version, validate
 
-from mini_trainer.pipeline import check_yaml_syntax, exit_on_config_error
+from mini_trainer.pipeline import check_before_schema, check_yaml_syntax, exit_on_config_error
 
 min_version("9.0")
 
@@ -18,6 +18,13 @@ with exit_on_config_error():
 
 
 configfile: "config/config.yaml"
+
+
+# An empty model_revision: one line naming the file and key (the schema's message is several).
+with exit_on_config_error():
+    check_before_schema(
+        config, workflow.config_settings.config, workflow.configfiles, workflow.overwrite_configfiles
+    )
 
 
 validate(config, "workflow/schemas/config.schema.yaml")

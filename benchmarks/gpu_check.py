@@ -318,13 +318,36 @@ def _padded_step(model, samples, per_micro, device):
         (loss / total).backward()
 
 
+def _metrics(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def same_bytes(run: Path, other: Path) -> bool:
+    """Two runs of one command gave the same weights (every file of final/ but its
+    training_args.json, which names the output folder) and the same metrics but the measured
+    fields (time, speed, memory)."""
+    from mini_trainer.training.metrics import MEASURED_FIELDS
+
+    def computed(folder: Path) -> tuple[dict, list[dict]]:
+        files = {p.name: p.read_bytes() for p in (folder / "final").iterdir()}
+        files.pop("training_args.json", None)
+        rows = [{k: v for k, v in r.items() if k not in MEASURED_FIELDS} for r in _metrics(folder)]
+        return files, rows
+
+    return computed(run) == computed(other)
+
+
 def training_summary(args) -> dict:
-    rows = [
-        json.loads(line) for line in (Path(args.run) / "metrics.jsonl").read_text().splitlines()
-    ]
+    rows = _metrics(Path(args.run))
     first, last = rows[0], rows[-1]
     steady = rows[len(rows) // 2 :]
+    same = (
+        {}
+        if args.same_as is None
+        else {"same_bytes": same_bytes(Path(args.run), Path(args.same_as))}
+    )
     return {
+        **same,
         "steps": len(rows),
         "first_loss": first["loss"],
         "last_loss": last["loss"],
@@ -391,10 +414,12 @@ def _detail(part) -> str:
         )
     if "last_loss" in result:
         mfu = result["mfu"]
+        same = result.get("same_bytes")
         return (
             f"loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}, "
             f"{result['tokens_per_second_per_device']:,.0f} tok/s, mfu "
             f"{'n/a' if mfu is None else f'{mfu:.1%}'}"
+            + ("" if same is None else f", run twice: {'same' if same else 'DIFFERENT'} bytes")
         )
     return part.get("tail", "")[-80:].replace("\n", " ")
 
@@ -406,6 +431,7 @@ def main() -> None:
     )
     parser.add_argument("--out", required=True)
     parser.add_argument("--run")
+    parser.add_argument("--same-as", help="training: another run of the same command to match")
     parser.add_argument("--parts")
     parser.add_argument("--cpu-dry-run", action="store_true")
     args = parser.parse_args()
@@ -420,6 +446,8 @@ def main() -> None:
     result = work(args)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     if args.part in ("attention", "families") and not result["ok"]:
+        sys.exit(1)
+    if result.get("same_bytes") is False:
         sys.exit(1)
 
 

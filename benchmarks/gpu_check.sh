@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared check of mini-trainer's GPU path, in about 16.5 minutes on one GPU (--parts: less).
+# One prepared check of mini-trainer's GPU path, in about 19 minutes on one GPU (--parts: less).
 #
 #   benchmarks/gpu_check.sh [--out gpu_check.json] [--cpu-dry-run] [--parts NAME,NAME...]
 #
@@ -21,7 +21,7 @@
 #   train_lean      the demo training with bf16 parameters and 8-bit AdamW (torchao's kernels
 #                   compiled for CUDA), a state saved mid-run
 #   train_bf16_states  the same with bf16-state AdamW (pure torch, stochastic rounding)
-#   context_parallel   needs 8 GPUs (skipped with fewer; not in the 16.75 minutes): Llama-3.1-8B's
+#   context_parallel   needs 8 GPUs (skipped with fewer; not in the 19.25 minutes): Llama-3.1-8B's
 #                   config, random weights, one 131,072-token sample at --context-parallel 8,
 #                   forward+backward tokens/s per GPU beside torchtitan's 1,071 per H100
 #   train_ewc       ewc-fisher of the demo model, then the demo training with --method ewc
@@ -29,6 +29,9 @@
 #                   GPU, `mini-trainer generate`), TRACE's score of them (`trace-score`)
 #   train_async     the demo training with --async-save, a state every 10 steps (staged into
 #                   pinned host memory from the GPU, written by the background thread)
+#   train_deterministic  the demo training twice with --deterministic: the same bytes of final/
+#                   and metrics (measured fields aside); its tok/s against train_bf16's is the
+#                   flag's cost
 # Then one JSON (--out) and a table on stdout. Exit status 1 if any part failed.
 #
 # --cpu-dry-run runs every part at tiny sizes on the CPU (fp32; Liger is expected to be refused
@@ -83,14 +86,15 @@ EOF
   echo "   $status"
 }
 
-# Time limits (seconds) sum to 16.75 minutes on a GPU (--parts for less); the CPU dry run gets more.
+# Time limits (seconds) sum to 19.25 minutes on a GPU (--parts for less); the CPU dry run gets more.
 if [[ -n "$DRY" ]]; then
   STEPS=3; NPROC=1; T_TESTS=600; T_ATTN=600; T_DEMO=300; T_TRAIN=600; T_THROUGHPUT=600
   T_COMPILED=1800  # inductor builds C++ kernels on the CPU: minutes on 2 shared cores
   T_LEAN=1800      # torchao's 8-bit step compiles too
+  T_TWICE=1200
 else
   STEPS=40; NPROC=1; T_TESTS=90; T_ATTN=45; T_DEMO=30; T_TRAIN=75; T_THROUGHPUT=150
-  T_COMPILED=120; T_LEAN=120
+  T_COMPILED=120; T_LEAN=120; T_TWICE=150
 fi
 
 run_part tests "$T_TESTS" "$PY" -m pytest -q -x -p no:cacheprovider \
@@ -150,6 +154,12 @@ run_part trace_generate "$T_DEMO" bash -c \
 # Asynchronous saves: the CUDA staging path (device-to-host copies into pinned memory).
 run_part train_async "$T_TRAIN" bash -c \
   'train train_async --async-save --save-every-steps $(( STEPS / 4 > 0 ? STEPS / 4 : 1 )) && ls "$WORK/train_async/state"'
+
+# Deterministic kernels: the same command twice gives the same bytes; tok/s against train_bf16's.
+run_part train_deterministic "$T_TWICE" bash -c \
+  'train train_deterministic_first --deterministic && train train_deterministic --deterministic &&
+   "$PY" benchmarks/gpu_check.py training --run "$WORK/train_deterministic" \
+     --same-as "$WORK/train_deterministic_first" --out "$PARTS/train_deterministic.json"'
 
 run_part throughput "$T_THROUGHPUT" "$PY" benchmarks/gpu_check.py throughput --out "$PARTS/throughput.json" $DRY
 

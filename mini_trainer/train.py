@@ -28,7 +28,7 @@ from mini_trainer.distributed.launcher import (
     write_report,
 )
 from mini_trainer.distributed.lifetime import lost_peer, stop_with_parent
-from mini_trainer.distributed.retry import record_exit, refuse_final_retry
+from mini_trainer.distributed.retry import record_exit, refuse_final_retry, requeue_if_asked
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import TorchrunArgs
 from mini_trainer.log_setup import setup_logging
@@ -180,12 +180,13 @@ def _print_error(error: UserError, rank: int, local_rank: int, started: bool) ->
 def run(args: TrainingArgs) -> int:
     # deferred: torch, only once the flags are good
     from mini_trainer.distributed.run_lock import release
-    from mini_trainer.distributed.runtime import init_runtime, shutdown
+    from mini_trainer.distributed.runtime import deterministic_kernels, init_runtime, shutdown
     from mini_trainer.training.loop import train
 
     runtime = init_runtime()
     try:
-        return train(agree_on_model(args, runtime), runtime)
+        with deterministic_kernels(args.deterministic, runtime):
+            return train(agree_on_model(args, runtime), runtime)
     finally:
         release()
         shutdown()
@@ -251,6 +252,7 @@ def launch(torchrun_args: TorchrunArgs, train_argv: list[str]) -> int:
     check_inputs(args, torchrun_args.nproc_per_node * torchrun_args.nnodes)
     status, lines = supervise(torchrun_args, pin_model_revision(args, train_argv))
     record_exit(Path(args.output_dir), status, lines)
+    requeue_if_asked(status)  # a pipeline's Slurm job after 75 (or 1): Slurm runs it again
     return status
 
 

@@ -79,6 +79,13 @@ class _RunOptions:
         "constant_with_warmup", f"One of: {', '.join(SCHEDULERS)}.", choices=SCHEDULERS
     )
     seed: int = _arg(42, "Seeds the sample order, and every rank's RNGs.", minimum=0)
+    deterministic: bool = _arg(
+        False,
+        "Deterministic kernels on a GPU (torch's deterministic algorithms, cuBLAS's fixed "
+        "workspace, cuDNN without benchmarking): the same bytes from the same command on one "
+        "machine, at a cost (docs/gpu.md). On the CPU the run is reproducible without it; "
+        "there it only makes an op with no deterministic version an error.",
+    )
     use_liger_kernels: bool = _arg(False, "Liger fused linear cross-entropy (CUDA only).")
     method: str = _arg(
         "sft",

@@ -310,6 +310,19 @@ def test_config_yaml_syntax_error_names_file_and_line(tmp_path):
     assert not (workdir / "results").exists()
 
 
+def test_empty_model_revision_stops_the_pipeline_with_one_line(tmp_path):
+    """Not taken as main, and not the schema's several lines: the file and key, exit 2."""
+    workdir = make_workdir(tmp_path / "w")
+    (workdir / "other.yaml").write_text("model_revision: ''\n")
+    result = snakemake(workdir, "-n", "--configfile", "other.yaml", timeout=120)
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("Using ")]
+    assert errors == [
+        f"{workdir / 'other.yaml'}: model_revision: empty (''); name a branch, tag or commit, "
+        "or leave the key out for main"
+    ], result.stderr
+
+
 def test_warmup_longer_than_max_steps_fails_at_config_check(tmp_path):
     """The engine's cross-option rules are the pipeline's: one line, before any job."""
     config = demo_config()

@@ -674,3 +674,26 @@ def test_one_evaluate_job_per_source_scores_every_stage_task(demo):
     assert set(pipeline.all_eval_jsons(demo)) <= produced
     with pytest.raises(ValueError):
         pipeline.eval_pairs(files, outs[:1])
+
+
+def test_empty_model_revision_is_refused_naming_the_file_that_sets_it(tmp_path):
+    own, first, second = (tmp_path / f"{n}.yaml" for n in ("config", "a", "b"))
+    own.write_text("model: org/name\nmodel_revision: ''\n")
+    first.write_text("model_revision: '  '\n")
+    second.write_text("seed: 1\n")  # a later --configfile that does not set it
+    # Snakemake's lists: every --configfile, then the Snakefile's own; the --configfile ones.
+    files, cli = [str(first), str(second), str(own)], [str(first), str(second)]
+    reason = "name a branch, tag or commit, or leave the key out for main"
+    for value, command_line, where, shown in (
+        ("  ", {}, first, " ('  ')"),  # the last --configfile that sets it wins
+        (None, {"model_revision": None}, "config", ""),  # --config model_revision=
+    ):
+        with pytest.raises(pipeline.ConfigError) as caught:
+            pipeline.check_before_schema(
+                {"model": "org/name", "model_revision": value}, command_line, files, cli
+            )
+        assert str(caught.value) == f"{where}: model_revision: empty{shown}; {reason}"
+    with pytest.raises(pipeline.ConfigError, match=rf"^{own}: model_revision: empty \(''\)"):
+        pipeline.check_before_schema({"model_revision": ""}, {}, [str(own)], [])
+    for fine in ({}, {"model_revision": "main"}, {"model_revision": 3}):  # 3: the schema's
+        pipeline.check_before_schema(fine, {}, files, cli)

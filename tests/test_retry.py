@@ -1,5 +1,6 @@
 """Exit statuses 2 and 3 are final: a pipeline's retry of such a job ends at once with the same
-status and lines, before any worker starts; 75 and 1 are retried (distributed/retry.py)."""
+status and lines, before any worker starts; 75 and 1 are retried (distributed/retry.py), under
+Slurm by the job requeueing itself (tests/slurm/test_profile_slurm.py runs it on the cluster)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 from helpers import base_flags, subprocess_env
 
-from mini_trainer.distributed.retry import ATTEMPT_ENV, LAST_EXIT, record_exit
+from mini_trainer.distributed.retry import (
+    ATTEMPT_ENV,
+    CRASH_REQUEUES,
+    LAST_EXIT,
+    REQUEUE_ENV,
+    record_exit,
+    requeue_reason,
+)
 from mini_trainer.errors import UserError
 from mini_trainer.launch_args import TorchrunArgs
 
@@ -75,3 +83,23 @@ def test_snakemake_retries_a_bad_input_job_without_running_it_again(demo_dir, tm
     # data error, the retries from the record.
     assert log.count("[rank0]") == 1, log
     assert log.count(f"error: {data}:2: input_ids") == 3, log
+
+
+def test_a_slurm_job_requeues_itself_after_75_and_a_few_crashes_never_after_2_or_3():
+    step = {REQUEUE_ENV: "1", "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0"}
+    assert requeue_reason(step, 75, restarts=50) == "exit status 75 (stopped, state saved)"
+    assert requeue_reason(step, 1, restarts=0) == (
+        f"exit status 1 (a crash; restart 1 of at most {CRASH_REQUEUES})"
+    )
+    assert requeue_reason(step, 1, restarts=CRASH_REQUEUES) is None
+    for status in (0, 2, 3, 4):
+        assert requeue_reason(step, status, restarts=0) is None, status
+    # Not asked (a hand-written batch script), the batch script itself, another node's task,
+    # or no Slurm job at all: nothing to requeue.
+    for env in (
+        {**step, REQUEUE_ENV: "0"},
+        {k: v for k, v in step.items() if k != "SLURM_STEP_ID"},
+        {**step, "SLURM_PROCID": "1"},
+        {REQUEUE_ENV: "1"},
+    ):
+        assert requeue_reason(env, 75, restarts=0) is None, env

@@ -1,17 +1,22 @@
-"""Exit statuses 2 and 3 are final: a pipeline's retry of such a job ends at once, the same way.
+"""Exit statuses 2 and 3 are final, never run again; a preempted job (75) runs again as itself.
 
-Snakemake retries every failed job (the Slurm profile's `retries`, there for preemption and
-crashes) whatever its exit status: it has no exit-code-aware retry. A job that ended with 2
-(bad input: data, model, folder) or 3 (training diverged) would end the same way on each retry,
-after a queue wait and a model load. So the launcher records every job's outcome in
-`OUT/last_exit.json` (`record_exit`), and the pipeline's train rule passes Snakemake's attempt
-number in `ATTEMPT_ENV`; a retry (attempt 2 or more) of a job whose last outcome was 2 or 3
-stops before any worker starts, with that status and the lines it ended with
-(`refuse_final_retry`). Preemption (75) and crashes (1) are retried as before. A new
-`snakemake` run (attempt 1, after the input was fixed) always runs the job.
+Snakemake retries every failed job (its `retries`) whatever its exit status: it has no
+exit-code-aware retry. A job that ended with 2 (bad input: data, model, folder) or 3 (training
+diverged) would end the same way on each retry, after a queue wait and a model load. So:
 
-What remains of a refused retry: Snakemake starts it (under Slurm: submits it and it waits in the
-queue), and it exits within seconds, without loading torch's workers or the model.
+- Under Slurm the pipeline does not use Snakemake's retries (the profile's `retries: 0`): a
+  training job that is preempted (exit 75: state saved) requeues its own Slurm job
+  (`scontrol requeue`, `requeue_reason`), and after a crash (1) too, while the job was
+  restarted fewer than `CRASH_REQUEUES` times. Slurm then starts the same job again (same id;
+  Snakemake sees it pending, then running) and it resumes. A job that ended 2 or 3 is not
+  requeued: it ends, Snakemake reports it failed, and nothing is submitted or started again.
+  The pipeline's train rule asks for this with `REQUEUE_ENV`.
+- Where Snakemake retries anyway (`--retries` given, local or Slurm), the launcher records every
+  job's outcome in `OUT/last_exit.json` (`record_exit`), the train rule passes Snakemake's
+  attempt number in `ATTEMPT_ENV`, and a retry (attempt 2 or more) of a job whose last outcome
+  was 2 or 3 stops before any worker starts, with that status and the lines it ended with
+  (`refuse_final_retry`); that retry is still started (under Slurm: submitted, queued). A new
+  `snakemake` run (attempt 1, after the input was fixed) always runs the job.
 """
 
 from __future__ import annotations
@@ -19,7 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from mini_trainer.errors import UserError
@@ -31,6 +40,12 @@ ATTEMPT_ENV = "MINI_TRAINER_ATTEMPT"
 """Snakemake's attempt number for this job (1 for the first), set by the pipeline's train rule."""
 FINAL_STATUSES = {2: "bad input", 3: "training diverged"}
 """Exit statuses that the same command would give again."""
+REQUEUE_ENV = "MINI_TRAINER_REQUEUE"
+"""1: in a Slurm job step, task 0 requeues its job after exit 75 (or 1): `requeue_reason`."""
+PREEMPTED = 75
+"""The exit status of a job stopped by a signal after saving its state."""
+CRASH_REQUEUES = 3
+"""A crashed job (exit 1) is requeued while Slurm restarted it fewer times than this."""
 
 
 def record_exit(out_dir: Path, status: int, lines: list[str]) -> None:
@@ -70,3 +85,59 @@ def refuse_final_retry(out_dir: Path) -> None:
         "the cause and run the pipeline again",
         exit_code=status,
     )
+
+
+def requeue_reason(env: Mapping[str, str], status: int, restarts: int) -> str | None:
+    """Why this launcher requeues its Slurm job, or None when it does not: only when asked
+    (`REQUEUE_ENV`), in a Slurm job step (the job's work, not its batch script), on task 0 (one
+    request per job), after a preemption (always: the state is saved, each run gets further),
+    or a crash while `restarts` (Slurm's restart count of the job) < `CRASH_REQUEUES`; never
+    after 0 or a final status (2, 3)."""
+    if env.get(REQUEUE_ENV) != "1" or not env.get("SLURM_JOB_ID") or "SLURM_STEP_ID" not in env:
+        return None
+    if env.get("SLURM_PROCID", "0") != "0":
+        return None
+    if status == PREEMPTED:
+        return f"exit status {PREEMPTED} (stopped, state saved)"
+    if status == 1 and restarts < CRASH_REQUEUES:
+        return f"exit status 1 (a crash; restart {restarts + 1} of at most {CRASH_REQUEUES})"
+    return None
+
+
+def slurm_restarts(job_id: str) -> int:
+    """How often Slurm has restarted job `job_id` (`Restarts=` of `scontrol show job`); a
+    failed query counts as `CRASH_REQUEUES` (no crash requeue on a guess)."""
+    try:
+        result = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                                text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return CRASH_REQUEUES
+    found = re.search(r"\bRestarts=(\d+)", result.stdout)
+    return int(found.group(1)) if result.returncode == 0 and found else CRASH_REQUEUES
+
+
+def requeue_if_asked(status: int, env: Mapping[str, str] | None = None) -> None:
+    """The launcher, as it exits with `status`: requeue this Slurm job when `requeue_reason`
+    says so. On success Slurm ends the job's processes (this one too) and starts the job again
+    after its requeue delay; on failure the job just ends with `status`."""
+    env = os.environ if env is None else env
+    reason = requeue_reason(env, status, 0)
+    if reason is None:
+        return
+    job = env["SLURM_JOB_ID"]
+    if status == 1:  # only a crash asks Slurm how often the job ran
+        reason = requeue_reason(env, status, slurm_restarts(job))
+        if reason is None:
+            return
+    print(f"mini-trainer launch: {reason}: requeueing Slurm job {job} (scontrol requeue); it "
+          "resumes when Slurm starts it again", file=sys.stderr, flush=True)  # fmt: skip
+    sys.stdout.flush()
+    try:
+        result = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True,
+                                timeout=60)  # fmt: skip
+        problem = result.stderr.strip() if result.returncode != 0 else None
+    except (OSError, subprocess.SubprocessError) as error:
+        problem = str(error)
+    if problem:
+        print(f"mini-trainer launch: scontrol requeue {job} failed ({problem}); the job ends "
+              f"with exit status {status}", file=sys.stderr, flush=True)  # fmt: skip

@@ -6,9 +6,10 @@ both, which is the code the CPU tests run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TypeVar
@@ -67,6 +68,35 @@ def init_runtime() -> Runtime:
         backend=backend, rank=rank, world_size=world_size, timeout=timedelta(minutes=30)
     )
     return Runtime(rank=rank, local_rank=local_rank, world_size=world_size, device=device)
+
+
+CUBLAS_DETERMINISTIC = ("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+"""cuBLAS's fixed workspace, which its deterministic GEMMs need (read at its first handle)."""
+
+
+@contextlib.contextmanager
+def deterministic_kernels(wanted: bool, runtime: Runtime) -> Iterator[None]:
+    """`--deterministic`: torch's deterministic algorithms (an op that has none is an error, not
+    a silent difference), and on a GPU cuBLAS's fixed workspace and cuDNN's deterministic,
+    non-benchmarked kernels, for the same bytes run to run on one machine; put back on exit (a
+    job run in a test process). On the CPU the run is reproducible without it (MKL_CBWR strict;
+    tested): there the flag only adds torch's check, and the bytes are the same."""
+    if not wanted:
+        yield
+        return
+    saved = (torch.are_deterministic_algorithms_enabled(), os.environ.get(CUBLAS_DETERMINISTIC[0]))
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    if runtime.is_cuda:  # before the job's first matmul makes cuBLAS's handle
+        os.environ.setdefault(*CUBLAS_DETERMINISTIC)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn
+        if saved[1] is None:
+            os.environ.pop(CUBLAS_DETERMINISTIC[0], None)
 
 
 def shutdown() -> None:

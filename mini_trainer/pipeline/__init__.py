@@ -11,6 +11,7 @@ Every function takes the config first, except those that depend on names alone.
 
 from mini_trainer.pipeline.checks import (
     ConfigError,
+    check_before_schema,
     check_config,
     check_method_options,
     check_yaml_syntax,
@@ -107,6 +108,7 @@ __all__ = [
     "all_eval_jsons",
     "base_model",
     "chat_file",
+    "check_before_schema",
     "check_config",
     "check_method_options",
     "check_yaml_syntax",

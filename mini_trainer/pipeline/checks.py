@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mini_trainer.errors import UserError
+from mini_trainer.models.hub import check_revision
 from mini_trainer.pipeline.data import DataConfigError, check_data_config
 from mini_trainer.pipeline.errors import ConfigError
 from mini_trainer.pipeline.interpolation import interpolation_problems
@@ -66,6 +67,56 @@ def exit_on_config_error() -> Iterator[None]:
     except ConfigError as error:
         print(error, file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def key_source(
+    key: str,
+    command_line: Mapping[str, Any],
+    configfiles: Sequence[str | Path],
+    cli_configfiles: Sequence[str | Path],
+) -> str:
+    """Where the value of top-level `key` comes from: `config` for `--config KEY=...` (it wins),
+    else the config file of highest precedence that sets it (the last `--configfile` first,
+    the Snakefile's `configfile` last), else `config`."""
+    if key in command_line:
+        return "config"
+    cli = [str(path) for path in cli_configfiles]
+    own = [str(path) for path in configfiles if str(path) not in cli]
+    for path in reversed(own + cli):
+        with contextlib.suppress(OSError, yaml.YAMLError):
+            data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            if isinstance(data, dict) and key in data:
+                return path
+    return "config"
+
+
+def check_before_schema(
+    config: Config,
+    command_line: Mapping[str, Any],
+    configfiles: Sequence[str | Path],
+    cli_configfiles: Sequence[str | Path],
+) -> None:
+    """Values refused before the schema check, in one line naming the file and key, exit 2: an
+    empty `model_revision` (YAML's `model_revision:` is None, which the schema refuses in
+    Snakemake's several lines, and a blank string it would take), refused by the rule
+    `--model-revision` follows (`check_revision`), never taken as `main`."""
+    if "model_revision" not in config:
+        return
+    revision = config["model_revision"]
+    if revision is not None:
+        if not isinstance(revision, str):
+            return  # the schema's type error
+        try:
+            check_revision(revision)
+            return
+        except UserError:
+            pass
+    shown = "" if revision is None else f" ({revision!r})"
+    raise ConfigError(
+        f"{key_source('model_revision', command_line, configfiles, cli_configfiles)}: "
+        "model_revision",
+        f"empty{shown}; name a branch, tag or commit, or leave the key out for main",
+    )
 
 
 def data_token_cap(config: Config) -> int:

@@ -69,6 +69,7 @@ MAY_CHANGE_ON_RESUME = (
     "cpu_offload",
     "use_liger_kernels",
     "compile",  # the same computation, compiled (tested equal to eager)
+    "deterministic",  # which kernels compute it (the same bytes on the CPU)
 )
 """Options that may differ between a state and the run that resumes it (docs/training.md)."""
 

@@ -23,6 +23,13 @@ METRIC_FIELDS = (
     "num_micro_batches", "samples_seen", "tokens_per_second", "step_time_s", "peak_memory_gb",
     "timestamp", "tokens_per_second_per_device", "tflops_per_device", "mfu",
 )  # fmt: skip
+MEASURED_FIELDS = (
+    "tokens_per_second", "step_time_s", "peak_memory_gb", "timestamp",
+    "tokens_per_second_per_device", "tflops_per_device", "mfu", "val_time_s", "elapsed_s",
+)  # fmt: skip
+"""Fields of metrics.jsonl and of an evaluation's JSON that measure the machine (time, speed,
+memory), not the computation: the only ones in which two runs of one command differ on one
+machine (tests/test_reproducible.py; docs/training.md, Reproducibility)."""
 
 
 def peak_memory_gb(device: torch.device) -> float:

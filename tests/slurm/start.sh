@@ -74,7 +74,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$dir/munge/munge.socket
+# cred_expire: a requeued job may start again after this many seconds (default 120).
+AuthInfo=socket=$dir/munge/munge.socket,cred_expire=10
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/pids/slurmctld.pid
@@ -92,6 +93,8 @@ JobCompType=jobcomp/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory
 SchedulerType=sched/backfill
+# sched_interval: a requeued job starts within a second of its eligible time (default 60 s).
+SchedulerParameters=sched_interval=1
 # Keep finished jobs visible to squeue for 10 minutes: the Snakemake plugin polls squeue here
 # (there is no slurmdbd for sacct) and needs MinJobAge >= 120 s.
 MinJobAge=600

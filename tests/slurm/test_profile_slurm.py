@@ -6,6 +6,7 @@ pipeline's train rule; the pipeline itself goes through the profile in test_pipe
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -37,7 +38,9 @@ def test_profile_has_no_empty_keys_and_asks_for_the_warning_signal():
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
     assert profile["executor"] == "slurm"
     assert empty_values(profile) == []  # `set-resources: {}` breaks Snakemake's command line
-    assert profile["retries"] >= 1  # a preempted training job is submitted again
+    # Nothing is submitted again (a job that ended 2 or 3 would end the same way); a preempted
+    # training job requeues its own Slurm job, which sbatch --requeue allows.
+    assert profile["retries"] == 0 and profile["slurm-requeue"] is True
     train = profile["set-resources"]["train"]
     assert "--signal=TERM@" in train["slurm_extra"]
     assert {"slurm_partition", "slurm_account"} <= set(profile["default-resources"])
@@ -62,31 +65,56 @@ def test_profile_dry_run(demo_dir, tmp_path):
     assert "slurm_extra=--signal=TERM@60" in result.stdout
 
 
+def submitted(output: str) -> list[str]:
+    """The Slurm job ids Snakemake submitted, in its output's order."""
+    return re.findall(r"has been submitted with SLURM jobid (\d+)", output)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_preempted_training_job_is_retried_and_resumes(
+def test_preempted_training_job_requeues_itself_and_a_bad_input_job_is_not_retried(
     slurm_cluster, demo_dir, slurm_reference_run, tmp_path
 ):
-    """SIGTERM to the running Slurm job: it saves and fails, the profile's retries submit it
-    again, it resumes from the saved state, and the final weights equal an uninterrupted run."""
+    """SIGTERM to the running Slurm job: it saves, exits 75 and requeues its own Slurm job;
+    Slurm starts the same job again, it resumes from the saved state, and the final weights
+    equal an uninterrupted run's; Snakemake submitted it once and retried nothing. Beside it, a
+    job with a bad input (exit 2) is submitted once, fails, and is not started again."""
     out = tmp_path / "run"
     env = slurm_cluster.env(subprocess_env())
     command = snakemake_slurm("-s", str(WORKFLOW), *workflow_config(demo_dir, out), timeout_s=400)
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=tmp_path
-    ) as snakemake:
+    bad_dir = tmp_path / "bad"
+    bad_dir.mkdir()
+    bad_config = [*workflow_config(demo_dir, bad_dir / "run"), f"data={bad_dir / 'absent.jsonl'}"]
+    bad_command = snakemake_slurm("-s", str(WORKFLOW), *bad_config, timeout_s=400)
+    with (
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=env, cwd=tmp_path) as snakemake,
+        subprocess.Popen(bad_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, env=env, cwd=bad_dir) as bad,
+    ):  # fmt: skip
         deadline = time.monotonic() + 240
         while len(metrics(out)) < 3:
             assert snakemake.poll() is None, snakemake.stdout.read()
             assert time.monotonic() < deadline, "no third training step within 240 s"
             time.sleep(0.2)
-        jobs = slurm_cluster.run("squeue", "-h", "-o", "%i", env=env).stdout.split()
-        assert len(jobs) == 1, jobs
-        slurm_cluster.run("scancel", "--signal=TERM", jobs[0], env=env)
+        jobs = slurm_cluster.run("squeue", "-h", "-t", "RUNNING", "-o", "%i %Z", env=env).stdout
+        job = [line.split()[0] for line in jobs.splitlines() if line.split()[1] == str(tmp_path)]
+        assert len(job) == 1, jobs
+        slurm_cluster.run("scancel", "--signal=TERM", job[0], env=env)
         output, _ = snakemake.communicate(timeout=420)
+        bad_output, _ = bad.communicate(timeout=420)
     assert snakemake.returncode == 0, output[-5000:] + slurm_cluster.logs()
-    assert "Trying to restart job" in output
-    log = (tmp_path / "run.log").read_text()  # Snakemake removed the first attempt's log
+    assert "Trying to restart job" not in output
+    assert submitted(output) == job, output[-5000:]
+    assert "Restarts=1 " in slurm_cluster.run("scontrol", "show", "job", job[0], env=env).stdout
+    log = (tmp_path / "run.log").read_text()
     stopped_at = int(log.split("resumed from ")[1].split("(step ")[1].split(")")[0])
     assert 3 <= stopped_at < STEPS
     assert_finished_as_the_reference(out, slurm_reference_run)
+
+    assert bad.returncode != 0, bad_output[-5000:]
+    assert len(submitted(bad_output)) == 1 and "Trying to restart job" not in bad_output
+    bad_log = (bad_dir / "run.log").read_text()
+    assert bad_log.count("--data-path: no such file") == 1, bad_log
+    bad_job = submitted(bad_output)[0]
+    assert "Restarts=0 " in slurm_cluster.run("scontrol", "show", "job", bad_job, env=env).stdout

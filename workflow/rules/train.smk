@@ -34,9 +34,9 @@ rule train:
         mem_mb=rule_resource("train", "mem_mb"),
         runtime=rule_resource("train", "runtime"),
         **train_node_resources(),
-        # Snakemake's attempt number, for the job (MINI_TRAINER_ATTEMPT below): a retry of a job
-        # that ended with exit 2 (bad input) or 3 (diverged) stops at once, with the same status
-        # (mini_trainer/distributed/retry.py); 75 (preempted) and 1 (a crash) run again.
+        # Snakemake's attempt number, for the job (MINI_TRAINER_ATTEMPT below): where Snakemake
+        # retries (--retries), a retry of a job that ended with exit 2 (bad input) or 3
+        # (diverged) stops at once, with the same status (mini_trainer/distributed/retry.py).
         attempt=lambda wildcards, attempt: attempt,
         # 1: the job deletes its state/ once final/ is written (keep_states_after_final: false).
         # A resource, not a param: changing it must not rerun finished jobs, whose states are gone.
@@ -52,9 +52,13 @@ rule train:
         # (computed here, not as a param, so running with more --cores reruns nothing).
         # MINI_TRAINER_STOP_WITH_PID: the job stops (state saved, exit 75) if this Snakemake is
         # killed, instead of training on unsupervised (mini_trainer/distributed/lifetime.py).
+        # MINI_TRAINER_REQUEUE=1: in a Slurm job, a job that stopped with its state saved (exit
+        # 75: preempted, time limit) or crashed (1) requeues its own Slurm job, which resumes;
+        # Snakemake sees one job and submits nothing again (profiles/slurm: retries: 0).
         # MINI_TRAINER_DROP_STATES=1: `launch` adds --drop-states-after-final (the job deletes its
         # state/ once final/ is written; keep_states_after_final: true gives 0).
         " MINI_TRAINER_STOP_WITH_PID=$PPID MINI_TRAINER_ATTEMPT={resources.attempt}"
+        " MINI_TRAINER_REQUEUE=1"
         " MINI_TRAINER_DROP_STATES={resources.drop_states}"
         " OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
         " {params.launcher}"
