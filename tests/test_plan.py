@@ -334,7 +334,7 @@ def test_plan_config_counts_data_logs_and_exports_by_hand(tmp_path, monkeypatch)
     # export at each of the 2 epochs' ends of both runs
     checkpoint = lines["replay: final/ and best/ of 2 run(s)"]["bytes"] // 4
     assert lines["replay: hf_format/ exports"]["bytes"] == 4 * checkpoint
-    jobs = 2 + 3 + 5  # training runs, evaluated sources (base and 2 runs), data files
+    jobs = 2 + 3 + 5 + 2  # runs, evaluations (base, 2 runs), data files, validated train files
     assert lines["logs and metrics"]["bytes"] == jobs * LOG_BYTES + (4 + 6) * METRICS_ROW_BYTES
     peak = lines["peak disk of the experiment"]["bytes"]
     assert peak == sum(v["bytes"] for k, v in lines.items() if k != "peak disk of the experiment")

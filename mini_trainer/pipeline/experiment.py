@@ -15,6 +15,7 @@ from mini_trainer.pipeline.layout import (
     Config,
     all_eval_jsons,
     eval_sources,
+    evaluated_source,
     method_options,
     mix_inputs,
     run_dir,
@@ -66,8 +67,8 @@ class Experiment:
     data_files: tuple[str, ...] = ()
     """The files the data rules write under results/data (tokenized, split, mixed)."""
     jobs: int = 0
-    """Jobs that write a log under logs/: training runs, SVD caches, evaluations, data files
-    (each data file counted as one job)."""
+    """Jobs that write a log under logs/: training runs, SVD caches, evaluations (one job per
+    evaluated checkpoint), data files (one job each) and the validation of each training file."""
 
 
 def experiment(config: Config, size: Callable[[str], Size | None] = lambda _: None) -> Experiment:
@@ -96,6 +97,8 @@ def experiment(config: Config, size: Callable[[str], Size | None] = lambda _: No
         for key, value in (("steps", steps), ("exports", exports)):
             found[key] = None if value is None or found[key] is None else found[key] + value
     files = data_outputs(config)
+    evaluated = {evaluated_source(config, source) for source in eval_sources(config)}
+    validated = {train_file(config, stage_dataset(config, m, i)) for m, _, i in sweep(config)}
     methods = {
         m: MethodRuns(len(c["runs"]), len(c["lrs"]), len(c["svd"]), c["steps"], c["exports"])
         for m, c in counts.items()
@@ -106,7 +109,7 @@ def experiment(config: Config, size: Callable[[str], Size | None] = lambda _: No
         best=all(validation_file(config, task) for task in config["stages"]),
         evaluations=len(all_eval_jsons(config)),
         data_files=tuple(files),
-        jobs=len(seen_runs) + len(seen_svd) + len(set(eval_sources(config))) + len(files),
+        jobs=len(seen_runs) + len(seen_svd) + len(evaluated) + len(files) + len(validated),
     )
 
 
