@@ -135,9 +135,10 @@ class _RunOptions:
         "Write training states in the background: the state is copied to host memory (pinned "
         "on CUDA) and training goes on while a thread writes, hashes and publishes it; at most "
         "one save in flight; the end of the run and a stop wait for it (docs/training.md). "
-        "--no-async-save: write synchronously. Without either, on where the staged copy of "
-        "the node's ranks fits in half of the node's available host memory (MemAvailable) at "
-        "the start; rank 0 prints the decision and why.",
+        "--no-async-save (false in a pipeline config): write synchronously. Without either "
+        "(left out of a config), on where the staged copy of the node's ranks fits in half of "
+        "the node's available host memory (MemAvailable) at the start; rank 0 prints the "
+        "decision and why.",
         negatable=True,
         default_text="auto",
     )
