@@ -7,10 +7,11 @@ gathers them, so every rank decides alike) and that `plan` counts:
 - the staged copy must fit: the host copy of one state that every rank of the node holds for the
   background write (each rank's shards of the weights and optimizer moments; pinned host memory
   on CUDA; on the CPU a second copy of what training holds) may take at most
-  `HOST_MEMORY_SHARE` of the node's available host memory (`MemAvailable` of /proc/meminfo) at
-  the start of training. The other half is the margin: the optimizer moments that appear at the
-  first step (on the CPU they come from the same memory, and are at most the copy's size), the
-  page cache of the writes, the data loader and the final export;
+  `HOST_MEMORY_SHARE` of the node's available host memory (`MemAvailable` of /proc/meminfo, or
+  the room the job's memory cgroup leaves where that is less) at the start of training. The
+  other half is the margin: the optimizer moments that appear at the first step (on the CPU
+  they come from the same memory, and are at most the copy's size), the page cache of the
+  writes, the data loader and the final export;
 - the optimizer's state must be stageable (`UNSTAGEABLE_OPTIMIZERS`; today none: torchao's 8-bit
   moments are staged by their inner tensors).
 

@@ -143,6 +143,9 @@ def test_a_run_measures_its_staged_copy_and_its_nodes_memory(world_of_one, tmp_p
     staged = 4160 * 4 * 3 + 2 * 4  # weights, two moments, two fp32 step counts: 49,928 bytes
     meminfo = tmp_path / "meminfo"
     monkeypatch.setattr(async_save, "MEMINFO", str(meminfo))
+    monkeypatch.setattr(async_save, "CGROUP_ROOT", str(tmp_path))  # no memory cgroup limit
+    (tmp_path / "cgroup").write_text("0::/\n")
+    monkeypatch.setattr(async_save, "PROC_CGROUP", str(tmp_path / "cgroup"))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # this rank's copy, times the node's ranks
     # the node's copy, 99,856 bytes, fits in half of 200 kB (204,800 bytes), not of 195 kB
     for available_kb, on in ((200, True), (195, False)):
@@ -153,3 +156,28 @@ def test_a_run_measures_its_staged_copy_and_its_nodes_memory(world_of_one, tmp_p
     assert not optimizer.state  # measuring created no state
     meminfo.unlink()
     assert not async_save.decide_for_run(args, model, optimizer, world_of_one).on
+
+
+def test_a_jobs_memory_cgroup_leaves_less_room_than_the_node(tmp_path):
+    """A Slurm job's `--mem` (or a container's limit) is a memory cgroup: the least room
+    (limit less usage) of the process's cgroup and its ancestors bounds what the default may
+    use, v2 and v1; no limit ("max", v1's near-2^63) is no bound."""
+    from mini_trainer.training.async_save import cgroup_room
+
+    def write(folder, limit_file, limit, usage_file, usage):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / limit_file).write_text(f"{limit}\n")
+        (folder / usage_file).write_text(f"{usage}\n")
+
+    v2, files = tmp_path / "v2", ("memory.max", "memory.current")
+    write(v2 / "job", files[0], 1000, files[1], 400)  # 600 left
+    write(v2 / "job" / "task_0", files[0], "max", files[1], 100)
+    assert cgroup_room(v2, "0::/job/task_0\n") == 600
+    write(v2 / "job" / "task_0", files[0], 650, files[1], 100)  # 550 left
+    assert cgroup_room(v2, "0::/job/task_0\n") == 550
+    assert cgroup_room(v2, "0::/\n") is None  # the root: no limit files
+    v1, files = tmp_path / "v1", ("memory.limit_in_bytes", "memory.usage_in_bytes")
+    write(v1 / "memory" / "step", files[0], 9223372036854771712, files[1], 5)
+    assert cgroup_room(v1, "4:memory:/step\n3:cpuset:/\n") is None
+    write(v1 / "memory" / "step", files[0], 300, files[1], 500)
+    assert cgroup_room(v1, "9:name=systemd:/\n4:memory:/step\n") == 0

@@ -33,6 +33,7 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,15 @@ from mini_trainer.distributed.runtime import Runtime, all_reduce_max
 from mini_trainer.training.optimizer import first_state_bytes, tensor_bytes
 
 MEMINFO = "/proc/meminfo"
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+CGROUP_FILES = {
+    "v2": ("memory.max", "memory.current"),
+    "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+}
+"""A memory cgroup's limit and usage files."""
+NO_LIMIT = 1 << 62
+"""A cgroup v1 limit at or above this is "no limit" (v1 writes 9223372036854771712)."""
 
 
 def host_copy(tensor: torch.Tensor, pin: bool, reuse=None) -> torch.Tensor:
@@ -226,9 +236,47 @@ def optimizer_bytes(args, optimizer) -> int:
 
 
 def node_available_memory() -> int | None:
-    """The node's MemAvailable in bytes, or None where it is not known."""
+    """The node's MemAvailable in bytes, or None where it is not known; less where this job's
+    memory cgroup (a Slurm job's `--mem`, a container's limit) leaves less room."""
     try:
         with open(MEMINFO) as handle:
-            return mem_available(handle.read())
+            available = mem_available(handle.read())
     except OSError:
         return None
+    try:
+        with open(PROC_CGROUP) as handle:
+            room = cgroup_room(Path(CGROUP_ROOT), handle.read())
+    except OSError:
+        room = None
+    if available is None or room is None:
+        return available
+    return min(available, room)
+
+
+def cgroup_room(root: Path, proc_cgroup: str) -> int | None:
+    """The least room (limit less usage) of this process's memory cgroups and their ancestors,
+    from the text of /proc/self/cgroup and the hierarchy under `root` (v2: `memory.max`,
+    `memory.current`; v1: `memory/` with `memory.limit_in_bytes`, `memory.usage_in_bytes`);
+    None where no limit is set or readable."""
+    rooms = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, (limit_file, usage_file) = root, CGROUP_FILES["v2"]
+        elif "memory" in controllers.split(","):
+            base, (limit_file, usage_file) = root / "memory", CGROUP_FILES["v1"]
+        else:
+            continue
+        folder = base / path.strip("/")
+        while True:
+            try:
+                limit = (folder / limit_file).read_text().strip()
+                usage = int((folder / usage_file).read_text())
+            except (OSError, ValueError):
+                limit = "max"
+            if limit != "max" and int(limit) < NO_LIMIT:
+                rooms.append(max(int(limit) - usage, 0))
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(rooms) if rooms else None
