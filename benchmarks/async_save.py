@@ -104,6 +104,7 @@ def worker(args: argparse.Namespace) -> None:
     step()  # the optimizer's state exists from here on
     out = Path(args.out)
     writer = BackgroundWriter(pin=False)
+    assert writer.group is not None  # made now (a run makes it at its first save), not timed
     counter = iter(range(1, 10**6))
     times: dict[str, list[float]] = {
         "sync": [], "async_stage": [], "async_wait": [], "step_idle": [], "step_writing": []

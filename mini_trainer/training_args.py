@@ -18,6 +18,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any
 
+from mini_trainer import async_save_options
 from mini_trainer.errors import UserError
 from mini_trainer.methods import METHOD_NAMES, METHODS, REGISTERED
 from mini_trainer.methods.options import MethodOptions, option
@@ -129,11 +130,17 @@ class _RunOptions:
         None, "Write state/step_<K>/ every K optimizer steps.", minimum=1
     )
     keep_states: int = _arg(2, "Keep only the newest N state folders.", minimum=1)
-    async_save: bool = _arg(
-        False,
+    async_save: bool | None = _arg(
+        None,
         "Write training states in the background: the state is copied to host memory (pinned "
         "on CUDA) and training goes on while a thread writes, hashes and publishes it; at most "
-        "one save in flight; the end of the run and a stop wait for it (docs/training.md).",
+        "one save in flight; the end of the run and a stop wait for it (docs/training.md). "
+        "--no-async-save (false in a pipeline config): write synchronously. Without either "
+        "(left out of a config), on where the staged copy of the node's ranks fits in half of "
+        "the node's available host memory (MemAvailable) at the start; rank 0 prints the "
+        "decision and why.",
+        negatable=True,
+        default_text="auto",
     )
     drop_states_after_final: bool = _arg(
         False,
@@ -260,11 +267,7 @@ class TrainingArgs(*reversed(REGISTERED), _RunOptions):  # type: ignore[misc]
                 f"--num-warmup-steps: {self.num_warmup_steps} is more than --max-steps "
                 f"{self.max_steps} (the learning rate would never reach its peak)"
             )
-        if self.async_save and self.optimizer == "adamw-8bit":
-            yield (
-                "--async-save: not with --optimizer adamw-8bit (its quantized moments are not "
-                "staged to host memory); save synchronously"
-            )
+        yield from async_save_options.problems(self)
         if self.drop_states_after_final and not self.save_final_checkpoint:
             yield "--drop-states-after-final: needs --save-final-checkpoint"
         for group in REGISTERED:
@@ -324,6 +327,12 @@ class TrainingArgs(*reversed(REGISTERED), _RunOptions):  # type: ignore[misc]
     @property
     def scheduler_needs_total_steps(self) -> bool:
         return self.lr_scheduler in SCHEDULERS_NEEDING_TOTAL
+
+
+NEGATABLE = frozenset(
+    f.name for f in dataclasses.fields(TrainingArgs) if f.metadata.get("negatable")
+)
+"""Options with a `--no-` flag (False given), beside the plain one (True); None: neither."""
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]):
@@ -392,10 +401,14 @@ def build_parser(prog: str = "python -m mini_trainer.train") -> argparse.Argumen
             help_text += f" Needs {group.needs_flag()}."
         if required:
             help_text += " (required)"
+        elif "default_text" in f.metadata:
+            help_text += f" (default: {f.metadata['default_text']})"
         elif f.default not in (None, False):
             help_text += f" (default: {f.default})"
         if kind is bool and "optional_value" in f.metadata:  # --resume, or --resume auto
             parser.add_argument(flag, nargs="?", const=True, help=help_text)
+        elif kind is bool and f.metadata.get("negatable"):  # --async-save / --no-async-save
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
         elif kind is bool:
             parser.add_argument(flag, action="store_true", help=help_text)
         elif kind is list:
@@ -439,6 +452,8 @@ def to_cli_args(args: TrainingArgs) -> list[str]:
         if types_by_name[f.name] is bool:
             if value:
                 out += [flag] if value is True else [flag, str(value)]
+            elif value is False and f.metadata.get("negatable"):
+                out.append(f"--no-{_flag(f.name)}")
         elif value is None:
             continue
         elif isinstance(value, list):

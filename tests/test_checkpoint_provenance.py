@@ -29,6 +29,8 @@ def test_checkpoints_carry_their_training_args_and_states_drop_after_final(demo_
     assert not (out / "state").exists() and not list(out.glob(".state.tmp-*"))
     assert classify(out).kind is Kind.FINISHED
     assert "saved training state" in result.stderr and "dropped the run's training" in result.stderr
+    # the default saves in the background here (a tiny state), and says why at the start
+    assert "async save: on (default: the staged copy, " in result.stderr
     run_args = json.loads((out / "training_args.json").read_text())
     assert run_args["model_name_or_path"] == str(demo_dir / "model")
     folders = [out / "hf_format" / "samples_16", out / "hf_format" / "samples_32", out / "final"]

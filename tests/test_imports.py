@@ -156,10 +156,10 @@ def test_no_import_cycle_through_the_type_hints_either():
 
 
 PACKAGE_RANKS = [
-    # the leaves: errors, labels, file writes, versions, logging, the validation and optimizer
-    # options' rules
+    # the leaves: errors, labels, file writes, versions, logging, the validation, optimizer and
+    # async-save options' rules
     ("mini_trainer", "errors", "labels", "io_utils", "versions", "log_setup",
-     "validation_options", "optimizer_options"),
+     "validation_options", "optimizer_options", "async_save_options"),
     ("methods",),  # each training method's option group, and the registry of methods by name
     ("launch_args", "training_args"),  # the flags, checked before any process starts
     ("distributed", "data", "batching"),  # processes; data files; packing into batches

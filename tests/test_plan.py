@@ -244,16 +244,25 @@ def test_plan_reports_the_longest_sample_with_and_without_context_parallelism():
     assert "longest single sample that fits" in table(plan)
 
 
-def test_async_save_stages_every_ranks_state_shard_in_host_memory():
-    """`--async-save` adds a host line per node: weights and moments of each rank's shard."""
+def test_the_staged_state_of_an_async_save_is_counted_where_training_would_hold_it():
+    """A host line per node, weights and moments of each rank's shard: by default on a GPU
+    node (whose host memory the plan does not know), with the rule in its note; never with
+    --no-async-save; where the node's memory is known (--device cpu), by training's rule."""
+    from mini_trainer.plan.host import staged_state_note
+
     cluster = Cluster(nodes=1, gpus_per_node=8, gpu_memory_gib=80, device="cuda")
-    plain = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096"])
-    staged = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096",
-                                                      "--async-save"])  # fmt: skip
-    names = {line["name"]: line["bytes"] for line in staged["per_node"]["host"]}
-    (added,) = set(names) - {line["name"] for line in plain["per_node"]["host"]}
+    off = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096",
+                                                   "--no-async-save"])  # fmt: skip
+    default = make_plan(str(LLAMA_8B), None, cluster, ["--max-tokens-per-gpu", "4096"])
+    lines = {line["name"]: line for line in default["per_node"]["host"]}
+    (added,) = set(lines) - {line["name"] for line in off["per_node"]["host"]}
     # fp32 weights and two fp32 moments of 8.03B parameters, over the node's 8 GPUs together
-    assert names[added] == pytest.approx(8.03e9 * 12, rel=0.01)
+    assert lines[added]["bytes"] == pytest.approx(8.03e9 * 12, rel=0.01)
+    assert "the default: on where it fits in 50% of the node's available" in lines[added]["note"]
+    assert staged_state_note(None, "adamw", 10, 20).startswith("default: the staged copy")
+    assert staged_state_note(None, "adamw", 11, 20) is None  # more than half: training's off
+    assert staged_state_note(True, "adamw", 11, 20) == "--async-save"
+    assert staged_state_note(False, "adamw", 1, None) is None
 
 
 def test_plan_config_prints_the_whole_experiments_peak_disk(tmp_path):
@@ -287,3 +296,50 @@ def test_plan_config_prints_the_whole_experiments_peak_disk(tmp_path):
     refused = run_cli("plan", "--config", path, "--gpus-per-node", "8")
     assert refused.returncode == 2
     assert "--config: takes the model, GPUs and training flags" in refused.stderr
+
+
+def test_plan_config_counts_data_logs_and_exports_by_hand(tmp_path, monkeypatch):
+    """`plan --config` on a tiny config (2 stages, a validation split, replay, an export at each
+    epoch's end): the data files the DAG writes, estimated from the task files before any rule
+    ran, the exports and the logs, each against the hand count; then measured once written."""
+    import yaml
+    from families import build_model
+
+    from mini_trainer.cli.training import experiment_lines_of
+    from mini_trainer.plan.experiment import LOG_BYTES, METRICS_ROW_BYTES
+
+    monkeypatch.chdir(tmp_path)  # the pipeline's paths are relative to the folder it runs in
+    build_model("llama").config.save_pretrained(tmp_path / "model")
+    for task, lines, width in (("a", 10, 20), ("b", 8, 30)):  # every line `width` bytes
+        for split in ("train", "eval"):
+            Path(f"{task}.{split}.jsonl").write_text(("x" * (width - 1) + "\n") * lines)
+    config = {
+        "model": "model", "stages": ["a", "b"],
+        "tasks": {t: {"train": f"{t}.train.jsonl", "eval": f"{t}.eval.jsonl"} for t in "ab"},
+        "data": {"validation_fraction": 0.25},
+        "launch": {"nproc_per_node": 1, "gpus_per_node": 0},
+        "training": {"batch_size": 4, "max_tokens_per_gpu": 64, "training_mode": "epoch",
+                     "max_epochs": 2, "checkpoint_at_epoch": True},
+        "methods": {"replay": {"learning_rates": [0.01], "replay_fraction": 0.5}},
+    }  # fmt: skip
+    Path("config.yaml").write_text(yaml.safe_dump(config))
+    lines = {line["name"]: line for line in experiment_lines_of("config.yaml")}
+    # validation splits: a keeps 10 - ceil(2.5) = 7 lines to train on, b 8 - 2 = 6; stage 2
+    # trains on b's 6 and round(0.5 x 7) = 4 of a's (replay): 10 samples
+    a, b = 20, 30
+    data = (7 * a + 3 * a) + (6 * b + 2 * b) + (6 * b + 4 * a)  # both splits, the mixture
+    assert lines["data (results/data)"]["bytes"] == data == 700
+    assert lines["data (results/data)"]["note"].startswith("5 file(s)")
+    # 7 samples in batches of 4: 2 steps an epoch, 4 in all; 10 samples: 3, 6 in all; an
+    # export at each of the 2 epochs' ends of both runs
+    checkpoint = lines["replay: final/ and best/ of 2 run(s)"]["bytes"] // 4
+    assert lines["replay: hf_format/ exports"]["bytes"] == 4 * checkpoint
+    jobs = 2 + 3 + 5 + 2  # runs, evaluations (base, 2 runs), data files, validated train files
+    assert lines["logs and metrics"]["bytes"] == jobs * LOG_BYTES + (4 + 6) * METRICS_ROW_BYTES
+    peak = lines["peak disk of the experiment"]["bytes"]
+    assert peak == sum(v["bytes"] for k, v in lines.items() if k != "peak disk of the experiment")
+    # once written, a file counts as it is on disk
+    Path("results/data").mkdir(parents=True)
+    Path("results/data/a.split.validation.jsonl").write_text("y" * 1000)
+    measured = {line["name"]: line for line in experiment_lines_of("config.yaml")}
+    assert measured["data (results/data)"]["bytes"] == data - 3 * a + 1000

@@ -113,7 +113,8 @@ def launch(
 @click.option(
     "--config", "config_file", default=None, metavar="FILE",
     help="A pipeline config (config/config.yaml): print the whole experiment's peak disk "
-    "instead (every run, SVD cache and evaluation; the flags below come from the config).",
+    "instead (every run and its exports, SVD cache, evaluation, data file and log; the flags "
+    "below come from the config).",
 )  # fmt: skip
 @click.option(
     "--model", default=None, metavar="FOLDER|ORG/NAME",
@@ -233,8 +234,16 @@ def experiment_lines_of(path: str) -> list[dict]:
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
 
-    from mini_trainer.pipeline import checks, commands, experiment, layout, planning, schema
-    from mini_trainer.plan.experiment import MethodDisk, experiment_lines
+    from mini_trainer.pipeline import (
+        checks,
+        commands,
+        data_sizes,
+        experiment,
+        layout,
+        planning,
+        schema,
+    )
+    from mini_trainer.plan.experiment import DataDisk, MethodDisk, experiment_lines
 
     try:
         config = checks.read_config_file(path)
@@ -246,7 +255,14 @@ def experiment_lines_of(path: str) -> list[dict]:
     gpus = launch["gpus_per_node"]
     cluster = Cluster(launch["nodes"], gpus or launch["nproc_per_node"],
                       launch.get("gpu_memory_gib", 1.0), "cuda" if gpus else "cpu")  # fmt: skip
-    found = experiment.experiment(config)
+    found = experiment.experiment(config, lambda path: data_sizes.size_of(config, path))
+    sizes = {path: data_sizes.size_of(config, path) for path in found.data_files}
+    data = DataDisk(
+        data_bytes=sum(size.bytes for size in sizes.values() if size is not None),
+        data_files=len(sizes),
+        unknown=tuple(path for path, size in sizes.items() if size is None),
+        jobs=found.jobs,
+    )
     methods = []
     for name, runs in found.methods.items():
         if not runs.runs:
@@ -260,7 +276,7 @@ def experiment_lines_of(path: str) -> list[dict]:
         methods.append(MethodDisk(
             name, runs.runs, runs.chains, runs.svd_caches, keep,
             disk["a training state (state/step_K)"], disk["a Hugging Face checkpoint"],
-            disk.get("the SVD cache", 0),
+            disk.get("the SVD cache", 0), runs.steps, runs.exports,
         ))  # fmt: skip
     return experiment_lines(methods, found.keep_states_after_final, found.best,
-                            found.evaluations)  # fmt: skip
+                            found.evaluations, data)  # fmt: skip

@@ -26,7 +26,9 @@ from typing import Any, ClassVar
 def option(default: Any = dataclasses.MISSING, help: str = "", **kwargs: Any) -> Any:
     """A dataclass field whose help text becomes the CLI flag's help.
 
-    Other metadata: `nargs`; `choices` and the bounds `minimum`, `maximum`, `exclusive_minimum`,
+    Other metadata: `nargs`; `negatable` (a bool with a `--no-` flag too, its default None:
+    neither given) and `default_text` (the default in words, for `--help` and the config's
+    table); `choices` and the bounds `minimum`, `maximum`, `exclusive_minimum`,
     `exclusive_maximum`, which the pipeline's config schema is generated from
     (`python -m mini_trainer.pipeline.schema --write`) and a test checks the checks enforce.
     """

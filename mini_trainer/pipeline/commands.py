@@ -42,6 +42,7 @@ from mini_trainer.pipeline.layout import (
 )
 from mini_trainer.pipeline.planning import plan_file, plan_needed, plan_training_options
 from mini_trainer.pipeline.trace import trace_score_flags, trace_scores
+from mini_trainer.training_args import NEGATABLE
 
 
 def eval_pairs(data_files: list[str], out_files: list[str]) -> str:
@@ -54,10 +55,14 @@ def eval_pairs(data_files: list[str], out_files: list[str]) -> str:
 
 
 def cli_flags(options: dict[str, Any]) -> str:
-    """`{"batch_size": 8, "osft": True, "p": ["a", "b"]}` -> `--batch-size 8 --osft --p a b`."""
+    """`{"batch_size": 8, "osft": True, "p": ["a", "b"]}` -> `--batch-size 8 --osft --p a b`;
+    False is `--no-NAME` for an option that has that flag (`async_save`), else left out."""
     parts = []
     for name, value in sorted(options.items()):
         flag = f"--{name.replace('_', '-')}"
+        if value is False and name in NEGATABLE:
+            parts.append(f"--no-{name.replace('_', '-')}")
+            continue
         if value is None or value is False:
             continue
         if value is True:

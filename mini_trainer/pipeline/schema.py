@@ -121,6 +121,8 @@ def render_schema_block() -> str:
 
 
 def _default(f: dataclasses.Field) -> str:
+    if "default_text" in f.metadata:
+        return f"`{f.metadata['default_text']}`"
     value = f.default
     if f.default_factory is not dataclasses.MISSING:
         value = f.default_factory()

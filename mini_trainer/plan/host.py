@@ -3,6 +3,7 @@ the counted model (the code holds these buffers; the plan states their sizes).""
 
 from __future__ import annotations
 
+from mini_trainer.async_save_options import HOST_MEMORY_SHARE, decide, refusal
 from mini_trainer.plan.model import Counts
 
 EXPORT_BLOCK_BYTES = 4 << 24
@@ -20,12 +21,17 @@ def host_and_disk(
     param_bytes: int = 4,
     state_bytes: int | None = None,
     saved_states: int | None = None,
-    async_save: bool = False,
+    async_save: bool | None = False,
+    optimizer: str = "adamw",
+    host_available: int | None = None,
 ) -> tuple[list[dict], list[dict]]:
     """(host lines per node, disk lines); each {name, bytes, note}. `param_bytes`: per element
     of the master weights and gradients; `state_bytes`: rank 0's optimizer state (None: fp32
     AdamW's); `saved_states`: a saved state's moments, all ranks (None: fp32 AdamW's);
-    `async_save`: states are staged in host memory (training/async_save.py)."""
+    `async_save`: `--async-save` (True), `--no-async-save` (False) or the default (None), whose
+    staged state in host memory (training/async_save.py) is counted where the default would turn
+    it on: `host_available`, the node's host memory where the plan knows it (`--device cpu`),
+    decides as training decides; unknown, it is counted, with the rule in its note."""
     largest = counts.largest_param * 4
     if state_bytes is None:
         state_bytes = 2 * counts.shard_trainable * 4
@@ -39,13 +45,15 @@ def host_and_disk(
                 "note": "every GPU's shards live in host memory",
             }
         )
-    if async_save:
+    staged = gpus_per_node * (counts.shard_params * param_bytes + state_bytes)
+    held = staged_state_note(async_save, optimizer, staged, host_available)
+    if held is not None:
         host.append(
             {
-                "name": "async save: staged state (--async-save)",
-                "bytes": gpus_per_node * (counts.shard_params * param_bytes + state_bytes),
+                "name": "async save: staged state",
+                "bytes": staged,
                 "note": "every rank's shard of weights and moments, copied (pinned) for the "
-                "background write; held for the run, each save writes into it",
+                f"background write; held while the run saves, each save writes into it; {held}",
             }
         )
     load = 2 * largest
@@ -96,3 +104,15 @@ def host_and_disk(
             }
         )
     return host, disk
+
+
+def staged_state_note(
+    requested: bool | None, optimizer: str, staged: int, available: int | None
+) -> str | None:
+    """Why the staged state of an async save is counted, or None where training would not
+    hold it (`async_save_options.decide`, the rule training applies at its start)."""
+    if requested is None and available is None and refusal(optimizer) is None:
+        return (f"the default: on where it fits in {HOST_MEMORY_SHARE:.0%} of the node's "
+                "available host memory at the start, else off and not held")  # fmt: skip
+    decision = decide(requested, optimizer, staged, available)
+    return decision.reason if decision.on else None

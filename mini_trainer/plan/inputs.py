@@ -144,6 +144,10 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
         if args.optimizer == "adamw"
         else setup.optimizer_state_bytes * cluster.world,
         async_save=args.async_save,
+        optimizer=args.optimizer,
+        # --device cpu: --gpu-memory-gib is each rank's share of the host's memory; what its
+        # peak leaves is what the staged copy may use (unknown on a GPU node)
+        host_available=None if cuda else cluster.gpus_per_node * max(budget - result.peak, 0),
     )
     return {
         "model": str(model_dir),

@@ -17,7 +17,10 @@ import torch
 from torch import nn
 
 from mini_trainer.training.lean_adamw import fp32_temporaries
-from mini_trainer.training.optimizer import optimizer_class
+from mini_trainer.training.optimizer import (
+    first_state_bytes,
+    tensor_bytes,  # noqa: F401 (tests', benchmarks' name)
+)
 
 PARAM_BYTES = {"fp32": 4, "bf16": 2}
 """`--param-dtype` -> bytes per element of the master weights and gradients."""
@@ -31,17 +34,6 @@ def shard_like(param: torch.Tensor, world: int, dtype: torch.dtype) -> torch.Ten
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def tensor_bytes(value) -> int:
-    """Bytes of a state value: a tensor, or a tensor subclass by its inner tensors (torchao)."""
-    if not isinstance(value, torch.Tensor):
-        return 0
-    flatten = getattr(type(value), "__tensor_flatten__", None)
-    if flatten is not None and type(value) is not torch.Tensor:
-        names, _ = value.__tensor_flatten__()
-        return sum(tensor_bytes(getattr(value, name)) for name in names)
-    return value.numel() * value.element_size()
-
-
 def state_bytes(wrapped: nn.Module, args, world: int) -> int:
     """Bytes of rank 0's optimizer state for the trainable parameters of `wrapped`."""
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.param_dtype]
@@ -51,27 +43,7 @@ def state_bytes(wrapped: nn.Module, args, world: int) -> int:
         if param.requires_grad and id(param) not in seen:
             seen.add(id(param))
             shards.append(shard_like(param, world, dtype))
-    if not shards:
-        return 0
-    optimizer = optimizer_class(args)(
-        shards, lr=args.learning_rate, betas=(args.beta1, args.beta2), eps=args.eps,
-        weight_decay=args.weight_decay,
-    )  # fmt: skip
-    return sum(
-        tensor_bytes(value) for shard in shards for value in new_state(optimizer, shard).values()
-    )
-
-
-def new_state(optimizer, shard: torch.Tensor) -> dict:
-    """The state `optimizer` gives `shard` at its first step."""
-    if hasattr(optimizer, "new_state"):
-        return optimizer.new_state(shard)
-    # torch's AdamW: its own state initialisation, for this one parameter
-    group = {**optimizer.param_groups[0], "params": [shard]}
-    shard.grad = torch.empty_like(shard)
-    optimizer._init_group(group, [], [], [], [], [], [])
-    shard.grad = None
-    return optimizer.state[shard]
+    return first_state_bytes(args, shards)
 
 
 def step_copies(args) -> int:

@@ -13,8 +13,8 @@ one background thread; training continues with the next step while it runs.
   rename under `state/`), so a state is visible only when complete; a SIGKILL during the write
   leaves a temporary folder (removed at the next start) and the previous state intact.
 - Its collectives (DCP's plan and metadata exchange, the ranks' agreement that every part is
-  written, the shared hashing) run on a process group of their own (gloo, made once at the
-  start, `new_group`), never on the training thread's group: two threads interleaving
+  written, the shared hashing) run on a process group of their own (gloo, made once, at the
+  first save, `new_group`), never on the training thread's group: two threads interleaving
   collectives on one group could pair different operations across ranks.
 - An error in the background (a full disk) is raised by the next `wait`, on the training thread,
   where `save_guard.write_errors` turns it into its one line as for a synchronous save.
@@ -29,13 +29,30 @@ equal by construction, and the staging stays a small function tested here.
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
+
+from mini_trainer.async_save_options import AsyncSave, decide, mem_available
+from mini_trainer.distributed.runtime import Runtime, all_reduce_max
+from mini_trainer.training.optimizer import first_state_bytes, tensor_bytes
+
+MEMINFO = "/proc/meminfo"
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+CGROUP_FILES = {
+    "v2": ("memory.max", "memory.current"),
+    "v1": ("memory.limit_in_bytes", "memory.usage_in_bytes"),
+}
+"""A memory cgroup's limit and usage files."""
+NO_LIMIT = 1 << 62
+"""A cgroup v1 limit at or above this is "no limit" (v1 writes 9223372036854771712)."""
 
 
 def host_copy(tensor: torch.Tensor, pin: bool, reuse=None) -> torch.Tensor:
@@ -50,6 +67,14 @@ def host_copy(tensor: torch.Tensor, pin: bool, reuse=None) -> torch.Tensor:
             local, tensor.device_mesh, tensor.placements, run_check=False,
             shape=tensor.size(), stride=tensor.stride(),
         )  # fmt: skip
+    if _is_subclass(tensor):  # torchao's 8-bit moments: its inner tensors (codes, scales)
+        names, context = tensor.__tensor_flatten__()
+        same = type(reuse) is type(tensor) and reuse.__tensor_flatten__() == (names, context)
+        inner = {
+            name: host_copy(getattr(tensor, name), pin, getattr(reuse, name) if same else None)
+            for name in names
+        }
+        return type(tensor).__tensor_unflatten__(inner, context, tensor.size(), tensor.stride())
     tensor = tensor.detach()
     if (
         isinstance(reuse, torch.Tensor)
@@ -65,6 +90,11 @@ def host_copy(tensor: torch.Tensor, pin: bool, reuse=None) -> torch.Tensor:
         return tensor.clone()
     out = torch.empty(tensor.size(), dtype=tensor.dtype, pin_memory=pin)
     return out.copy_(tensor, non_blocking=pin)
+
+
+def _is_subclass(tensor: torch.Tensor) -> bool:
+    """A wrapper tensor subclass (not a DTensor) whose data are inner tensors."""
+    return type(tensor) is not torch.Tensor and hasattr(type(tensor), "__tensor_flatten__")
 
 
 def stage(state, pin: bool = False, reuse=None):
@@ -89,7 +119,7 @@ def staged_bytes(state) -> int:
     if isinstance(state, DTensor):
         return staged_bytes(state.to_local())
     if isinstance(state, torch.Tensor):
-        return state.numel() * state.element_size()
+        return tensor_bytes(state)
     if isinstance(state, dict):
         return sum(staged_bytes(value) for value in state.values())
     if isinstance(state, (list, tuple)):
@@ -100,16 +130,31 @@ def staged_bytes(state) -> int:
 class BackgroundWriter:
     """One background thread's worth of state writes, at most one in flight.
 
-    Make it on every rank at the same point (its process group is made collectively)."""
+    Make it on every rank, and save on every rank at the same steps (its process group is made
+    collectively, at the first save)."""
 
     def __init__(self, pin: bool):
         self.pin = pin
         """Stage into pinned host memory (CUDA)."""
-        self.group = dist.new_group(backend="gloo")
-        """The background writes' own process group."""
+        self._group = None
         self._future: Future | None = None
         self._what: str | None = None
         self._staged = None  # the last snapshot: its memory is reused by the next one
+
+    @property
+    def group(self):
+        """The background writes' own process group, made at the first save (every rank saves
+        at the same step): a run that saves no state makes none."""
+        if self._group is None:
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def release(self) -> None:
+        """Free the held snapshot (the run saves no more states: its final export may use the
+        memory). Only between writes."""
+        if self._future is not None:
+            raise RuntimeError(f"a save is in flight ({self._what}); wait for it first")
+        self._staged = None
 
     def stage(self, state):
         """A host snapshot of `state` (`stage`), written into the previous save's snapshot where
@@ -156,3 +201,82 @@ class BackgroundWriter:
         self._future, self._what = None, None
         future.result()
         return what
+
+
+def decide_for_run(args, model, optimizer, runtime: Runtime) -> AsyncSave:
+    """`--async-save`, `--no-async-save`, or the default measured (`async_save_options.decide`):
+    this rank's staged copy (its shards of the weights and optimizer moments, the moments a
+    first step will create included) times the ranks of its node, and the node's MemAvailable;
+    every rank gets the fullest node's copy and the smallest node's memory (one collective), so
+    every rank decides alike. After the model, optimizer and resumed state are in place."""
+    if args.async_save is not None:
+        return decide(args.async_save, args.optimizer, 0, None)
+    per_rank = staged_bytes(model.state_dict()) + optimizer_bytes(args, optimizer)
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    available = node_available_memory()
+    per_node, fewest, unknown = all_reduce_max(
+        [per_rank * local_ranks, -(available or 0), float(available is None)], runtime
+    )
+    return decide(None, args.optimizer, int(per_node), None if unknown else int(-fewest))
+
+
+def optimizer_bytes(args, optimizer) -> int:
+    """This rank's optimizer state as a save holds it: the state there is, and for parameters
+    without one yet (before the first step) the state their first step creates."""
+    held, fresh = 0, []
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param)
+            if state:
+                held += staged_bytes(dict(state))
+            else:
+                local = param.to_local() if isinstance(param, DTensor) else param
+                fresh.append(torch.empty(local.shape, dtype=local.dtype, device="meta"))
+    return held + first_state_bytes(args, fresh)
+
+
+def node_available_memory() -> int | None:
+    """The node's MemAvailable in bytes, or None where it is not known; less where this job's
+    memory cgroup (a Slurm job's `--mem`, a container's limit) leaves less room."""
+    try:
+        with open(MEMINFO) as handle:
+            available = mem_available(handle.read())
+    except OSError:
+        return None
+    try:
+        with open(PROC_CGROUP) as handle:
+            room = cgroup_room(Path(CGROUP_ROOT), handle.read())
+    except OSError:
+        room = None
+    if available is None or room is None:
+        return available
+    return min(available, room)
+
+
+def cgroup_room(root: Path, proc_cgroup: str) -> int | None:
+    """The least room (limit less usage) of this process's memory cgroups and their ancestors,
+    from the text of /proc/self/cgroup and the hierarchy under `root` (v2: `memory.max`,
+    `memory.current`; v1: `memory/` with `memory.limit_in_bytes`, `memory.usage_in_bytes`);
+    None where no limit is set or readable."""
+    rooms = []
+    for line in proc_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            base, (limit_file, usage_file) = root, CGROUP_FILES["v2"]
+        elif "memory" in controllers.split(","):
+            base, (limit_file, usage_file) = root / "memory", CGROUP_FILES["v1"]
+        else:
+            continue
+        folder = base / path.strip("/")
+        while True:
+            try:
+                limit = (folder / limit_file).read_text().strip()
+                usage = int((folder / usage_file).read_text())
+            except (OSError, ValueError):
+                limit = "max"
+            if limit != "max" and int(limit) < NO_LIMIT:
+                rooms.append(max(int(limit) - usage, 0))
+            if folder == base or base not in folder.parents:
+                break
+            folder = folder.parent
+    return min(rooms) if rooms else None

@@ -26,7 +26,7 @@ from mini_trainer.distributed.runtime import Runtime, all_reduce_max, all_reduce
 from mini_trainer.errors import UserError
 from mini_trainer.method import MethodContext, write_description
 from mini_trainer.models.moe import RouterStats, routing, step_fields
-from mini_trainer.training import checkpoint, divergence, resume
+from mini_trainer.training import async_save, checkpoint, divergence, resume
 from mini_trainer.training.async_save import BackgroundWriter
 from mini_trainer.training.attention import attention_kwargs
 from mini_trainer.training.checkpoint_policy import checkpoints_due
@@ -112,7 +112,10 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             len(dataset), runtime.world_size, runtime.device, total_steps or "open-ended",
         )  # fmt: skip
     logger = MetricsLogger(out, args, total_steps, progress.step) if runtime.is_main else None
-    saver = Saver(out, args, model, optimizer, config, method, runtime)
+    background = async_save.decide_for_run(args, model, optimizer, runtime)
+    if runtime.is_main:
+        log.info("%s", background.line)
+    saver = Saver(out, args, model, optimizer, config, method, runtime, background.on)
 
     # -- steps (the next steps' micro-batches are prepared in a background thread)
     model.train()
@@ -181,8 +184,9 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
             if logger is not None:
                 logger.close()
 
-        # -- export (a background state write finishes first: the run ends with it published)
-        saver.finish_pending()
+        # -- export (a background state write finishes first: the run ends with it published;
+        # its host copy is freed for the export)
+        saver.finish_pending(last=True)
         if args.save_final_checkpoint:
             saver.save_hf("final")
             if args.drop_states_after_final:  # nothing reads a finished run's states
@@ -217,11 +221,13 @@ def start_record(out: Path, args: TrainingArgs, resumed_from, step: int) -> None
 class Saver:
     """Writes the run's checkpoints: HF exports and training states, failures as one line."""
 
-    def __init__(self, out: Path, args: TrainingArgs, model, optimizer, config, method, runtime):
+    def __init__(self, out: Path, args: TrainingArgs, model, optimizer, config, method, runtime,
+                 background: bool):  # fmt: skip
         self.out, self.args, self.model, self.optimizer = out, args, model, optimizer
         self.config, self.method, self.runtime = config, method, runtime
-        # --async-save: states are written by a background thread (made on every rank here)
-        self.writer = BackgroundWriter(pin=runtime.is_cuda) if args.async_save else None
+        # async saves (`background`, async_save.decide_for_run): states are written by a
+        # background thread (made on every rank here)
+        self.writer = BackgroundWriter(pin=runtime.is_cuda) if background else None
 
     def save_state(self, trainer_state: TrainerState) -> None:
         step = trainer_state.progress.step
@@ -233,12 +239,16 @@ class Saver:
                 self.args.keep_states, self.writer,
             )  # fmt: skip
 
-    def finish_pending(self) -> None:
-        """Wait for the background state write in flight, if any; its failure is one line."""
-        if self.writer is None or self.writer.in_flight is None:
+    def finish_pending(self, last: bool = False) -> None:
+        """Wait for the background state write in flight, if any; its failure is one line.
+        `last`: no state is saved after this, so the staged copy's host memory is freed."""
+        if self.writer is None:
             return
-        with write_errors(self.out, self.writer.in_flight, self.runtime):
-            self.writer.wait()
+        if self.writer.in_flight is not None:
+            with write_errors(self.out, self.writer.in_flight, self.runtime):
+                self.writer.wait()
+        if last:
+            self.writer.release()
 
     def save_due(self, due, progress: Progress, sampler, scheduler, fingerprint, validator) -> None:
         """Write what `checkpoints_due` asked for after a step: exports, then the state."""

@@ -46,6 +46,45 @@ def optimizer_class(args: TrainingArgs):
     raise ValueError(f"--optimizer {args.optimizer}: no optimizer (refused by TrainingArgs)")
 
 
+def tensor_bytes(value) -> int:
+    """Bytes of a state value: a tensor, or a tensor subclass by its inner tensors (torchao)."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    flatten = getattr(type(value), "__tensor_flatten__", None)
+    if flatten is not None and type(value) is not torch.Tensor:
+        names, _ = value.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(value, name)) for name in names)
+    return value.numel() * value.element_size()
+
+
+def first_state_bytes(args: TrainingArgs, shards: list[torch.Tensor]) -> int:
+    """Bytes of the state the optimizer of `args` gives `shards` (meta tensors shaped as a
+    rank's shards) at their first step, asked of the mode's own optimizer (torch's AdamW by its
+    `_init_group`, the lean modes by `new_state`): nothing is allocated. `plan` counts rank 0's
+    state with it, training the staged copy of `--async-save` before the first step."""
+    if not shards:
+        return 0
+    optimizer = optimizer_class(args)(
+        shards, lr=args.learning_rate, betas=(args.beta1, args.beta2), eps=args.eps,
+        weight_decay=args.weight_decay,
+    )  # fmt: skip
+    return sum(
+        tensor_bytes(value) for shard in shards for value in new_state(optimizer, shard).values()
+    )
+
+
+def new_state(optimizer, shard: torch.Tensor) -> dict:
+    """The state `optimizer` gives `shard` at its first step."""
+    if hasattr(optimizer, "new_state"):
+        return optimizer.new_state(shard)
+    # torch's AdamW: its own state initialisation, for this one parameter
+    group = {**optimizer.param_groups[0], "params": [shard]}
+    shard.grad = torch.empty_like(shard)
+    optimizer._init_group(group, [], [], [], [], [], [])
+    shard.grad = None
+    return optimizer.state[shard]
+
+
 def build_scheduler(args: TrainingArgs, optimizer, total_steps: int | None):
     """The transformers scheduler; warns when the warm-up outlasts the planned steps.
 
