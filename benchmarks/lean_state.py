@@ -1,7 +1,8 @@
 """Quality, state size and step time of every `--optimizer` / `--param-dtype` mode against fp32
 AdamW, on the CPU (2 ranks under torchrun, gloo, FSDP2).
 
-    python benchmarks/lean_state.py [--steps 300] [--width 512] [--layers 4] [--out FILE.json]
+    python benchmarks/lean_state.py [--steps 300] [--width 512] [--layers 4]
+        [--learning-rate 1e-3] [--seed 7] [--out FILE.json]
 
 Each mode trains the same randomly initialised Llama (hidden `--width`, built here, nothing
 downloaded) on the demo task `sort_plus1` (`mini-trainer demo-assets`) for `--steps` steps with
@@ -83,7 +84,9 @@ def make_model(work: Path, width: int, layers: int) -> tuple[Path, Path]:
     return model, demo / "data"
 
 
-def train(model: Path, data: Path, out: Path, steps: int, mode: tuple) -> list[dict]:
+def train(
+    model: Path, data: Path, out: Path, steps: int, mode: tuple, lr: float, seed: int
+) -> list[dict]:
     shutil.rmtree(out, ignore_errors=True)
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
@@ -92,7 +95,7 @@ def train(model: Path, data: Path, out: Path, steps: int, mode: tuple) -> list[d
         "--validation-data-path", str(data / "sort_plus1.eval.jsonl"),
         "--validation-every-steps", str(steps), "--training-mode", "step",
         "--max-steps", str(steps), "--batch-size", "16", "--max-tokens-per-gpu", "512",
-        "--learning-rate", "1e-3", "--num-warmup-steps", "10", "--seed", "7", *mode,
+        "--learning-rate", str(lr), "--num-warmup-steps", "10", "--seed", str(seed), *mode,
     ]  # fmt: skip
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=7200)
     if done.returncode:
@@ -134,6 +137,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--seed", type=int, default=7, help="data order (the model is fixed)")
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="Write the rows as JSON too.")
     options = parser.parse_args()
@@ -144,12 +149,13 @@ def main() -> None:
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; CPU: {cpu_model()}, {os.cpu_count()} cores; "
           f"load average before: {os.getloadavg()}")  # fmt: skip
     print(f"{RANKS} ranks, Llama hidden {options.width} x {options.layers} layers, "
-          f"{options.steps} steps; last-{tail}-step mean loss")  # fmt: skip
+          f"{options.steps} steps, learning rate {options.learning_rate}, seed {options.seed}; "
+          f"last-{tail}-step mean loss")  # fmt: skip
     rows = []
     for name in ["adamw", *[m for m in options.modes if m != "adamw"]]:
         started = time.perf_counter()
         metrics = train(model, data, work / f"run-{name.replace(', ', '-')}", options.steps,
-                        MODES[name])  # fmt: skip
+                        MODES[name], options.learning_rate, options.seed)  # fmt: skip
         rows.append({
             "mode": name,
             "flags": list(MODES[name]),
