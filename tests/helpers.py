@@ -323,13 +323,16 @@ def kill_tree(process: psutil.Process) -> None:
     psutil.wait_procs(victims, timeout=60)
 
 
-def kill_when_saved(argv: list[str], marker: Path, timeout: float = 300, ready=None) -> None:
+def kill_when_saved(
+    argv: list[str], marker: Path, timeout: float = 300, ready=None, env: dict | None = None
+) -> None:
     """Run training job ARGV until MARKER (a state folder) exists, then SIGKILL the job and all
     its processes, as an out-of-memory killer or a lost node would. Fails the test if the job
     ends first or MARKER does not appear within TIMEOUT seconds. `ready()`, when given, is
-    waited for instead of MARKER (MARKER's run folder must still have no final/)."""
+    waited for instead of MARKER (MARKER's run folder must still have no final/); `env`: extra
+    variables for the job."""
     process = subprocess.Popen(
-        argv, env=subprocess_env(), cwd=REPO_ROOT, start_new_session=True,
+        argv, env=subprocess_env(**(env or {})), cwd=REPO_ROOT, start_new_session=True,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     ready = ready or marker.exists

@@ -27,7 +27,11 @@ from mini_trainer.training.lean_adamw import keep_saved_moments, local
 
 @functools.cache
 def _compiled_update():
-    """torchao's per-parameter update, compiled as torchao compiles it (once per shape)."""
+    """torchao's per-parameter update, compiled as torchao compiles it (once per shape); eager
+    when torch's own switch `TORCH_COMPILE_DISABLE=1` is set (a fullgraph compile then fails
+    with "found no compiled frames" instead of running the function)."""
+    if torch._dynamo.config.disable:
+        return single_param_adam
     return torch.compile(single_param_adam, fullgraph=True, dynamic=False)
 
 
