@@ -354,3 +354,15 @@ def test_every_shell_block_says_what_it_needs_first():
         if lang in SHELL_LANGS and not (body and body[0].startswith(("# needs: ", "# synopsis: ")))
     ]
     assert not unsaid, f"shell blocks that do not begin with '# needs:' or '# synopsis:': {unsaid}"
+
+
+def test_ci_runs_the_readme_test_command_not_its_comment():
+    """`.ci/run` takes the README's test command from the block after the ci-test-command
+    marker: its pytest line, not the block's `# needs:` comment (a comment run as the command
+    would pass without running a test)."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- ci-test-command -->", 1)[1].split("```", 2)[1]
+    (command,) = [line for line in block.splitlines()[1:] if line and not line.startswith("#")]
+    printed = subprocess.run(["bash", str(REPO_ROOT / ".ci" / "run"), "--print-command"],
+                             capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    assert printed.stdout.strip() == command and "pytest" in command
