@@ -19,7 +19,12 @@ from mini_trainer.cli.options import (
 from mini_trainer.data.outputs import check_outputs
 from mini_trainer.data.trace import TASKS, read_samples, write_chat
 from mini_trainer.errors import UserError
-from mini_trainer.evaluate.generate import generate_answers, read_prompts, write_predictions
+from mini_trainer.evaluate.generate import (
+    generate_answers,
+    read_predictions,
+    read_prompts,
+    write_predictions,
+)
 from mini_trainer.evaluate.trace_metrics import task_score
 from mini_trainer.io_utils import atomic_write_text, file_sha256
 
@@ -122,23 +127,3 @@ def trace_score(task: str, data: Path, predictions: Path, out: Path, force: bool
     atomic_write_text(out, json.dumps({"task": task, **result}, indent=2) + "\n")
     click.echo(f"{task}: {result['metric']} {result['score']:.4f} over "
                f"{result['num_samples']:,} samples; wrote {out}")  # fmt: skip
-
-
-def read_predictions(path: Path) -> list[str]:
-    """The `prediction` strings of a JSONL file, or a UserError naming each bad line."""
-    generated, problems = [], []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                problems.append(f"{path}:{number}: not JSON: {error.msg}")
-                continue
-            value = record.get("prediction") if isinstance(record, dict) else None
-            if not isinstance(value, str):
-                problems.append(f"{path}:{number}: prediction: must be a string")
-                continue
-            generated.append(value)
-    if problems:
-        raise UserError(*problems)
-    return generated

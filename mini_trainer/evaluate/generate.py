@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from mini_trainer.data.chat import check_messages
+from mini_trainer.data.lines import iter_lines
 from mini_trainer.errors import UserError
 from mini_trainer.io_utils import atomic_path
 
@@ -22,26 +23,45 @@ def read_prompts(path: str | os.PathLike) -> list[list[dict]]:
     """The prompt messages of each chat line (its final assistant turn left out), or a
     UserError naming each bad line as `FILE:LINE: FIELD: reason`."""
     prompts, problems = [], []
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            try:
-                messages = json.loads(line).get("messages")
-            except (ValueError, AttributeError):
-                problems.append(f"{path}:{number}: not a JSON object")
-                continue
-            problem = check_messages(messages)
-            if problem:
-                problems.append(f"{path}:{number}: {problem}")
-                continue
-            if messages[-1]["role"] == "assistant":
-                messages = messages[:-1]
-            if not messages:
-                problems.append(f"{path}:{number}: messages: nothing before the answer")
-                continue
-            prompts.append(messages)
+    for number, _, line in iter_lines(path):
+        try:
+            messages = json.loads(line).get("messages")
+        except (ValueError, AttributeError):
+            problems.append(f"{path}:{number}: not a JSON object")
+            continue
+        problem = check_messages(messages)
+        if problem:
+            problems.append(f"{path}:{number}: {problem}")
+            continue
+        if messages[-1]["role"] == "assistant":
+            messages = messages[:-1]
+        if not messages:
+            problems.append(f"{path}:{number}: messages: nothing before the answer")
+            continue
+        prompts.append(messages)
     if problems:
         raise UserError(*problems)
     return prompts
+
+
+def read_predictions(path: str | os.PathLike) -> list[str]:
+    """The `prediction` strings of a file `write_predictions` wrote (the input of `trace-score`),
+    or a UserError naming each bad line."""
+    generated, problems = [], []
+    for number, _, line in iter_lines(path):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            problems.append(f"{path}:{number}: not JSON: {error.msg}")
+            continue
+        value = record.get("prediction") if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            problems.append(f"{path}:{number}: prediction: must be a string")
+            continue
+        generated.append(value)
+    if problems:
+        raise UserError(*problems)
+    return generated
 
 
 def generate_answers(
