@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import uuid
 from pathlib import Path
 
 import pytest
@@ -400,7 +401,8 @@ def test_once_per_node_rank1_waits_for_local_rank0(offline_home, tmp_path):
     """Local rank 1 starts first and waits; local rank 0 resolves; both get the same folder."""
     code = ("import sys; from mini_trainer.models.hub import resolve_once_per_node as r; "
             "print(r(sys.argv[1]).folder)")  # fmt: skip
-    env = subprocess_env(LOCAL_WORLD_SIZE="2", TORCHELASTIC_RUN_ID=f"t{os.getpid()}{tmp_path.name}")
+    # A run id of its own: an answer file left in /tmp by an earlier session is never this one's.
+    env = subprocess_env(LOCAL_WORLD_SIZE="2", TORCHELASTIC_RUN_ID=uuid.uuid4().hex)
     env.update(offline_home.env())
 
     def start(rank):
@@ -417,6 +419,16 @@ def test_once_per_node_rank1_waits_for_local_rank0(offline_home, tmp_path):
         outputs[0] == outputs[1]
         and Path(outputs[0]).name == (offline_home.folder / "refs" / "main").read_text()
     )
+
+
+def test_answer_file_names_the_launcher_by_pid_and_start_time():
+    """The same pid reused by a later launcher (CI: pytest-worker pids repeat across runs on a
+    long-lived /tmp) must not find the earlier launcher's answer: the key holds its start time."""
+    from mini_trainer.models.hub import _start_time
+
+    ours, init = _start_time(os.getpid()), _start_time(1)
+    assert ours.isdigit() and init.isdigit() and int(ours) > int(init)
+    assert _start_time(2**22 + 1) == ""  # above Linux's pid_max: no such process
 
 
 def test_report_provenance_names_hub_models_and_commits(tmp_path):

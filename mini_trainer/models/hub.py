@@ -366,10 +366,22 @@ def _answer_path(name: str, revision: str, weights: bool) -> Path:
     key = "\0".join([
         os.environ.get("TORCHELASTIC_RUN_ID", ""), os.environ.get("TORCHELASTIC_RESTART_COUNT", ""),
         os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""), str(os.getppid()),
-        name, revision, str(weights),
+        _start_time(os.getppid()), name, revision, str(weights),
     ])  # fmt: skip
     digest = hashlib.sha1(key.encode()).hexdigest()
     return Path(tempfile.gettempdir()) / f"mini_trainer-{os.getuid()}" / f"resolve-{digest}.json"
+
+
+def _start_time(pid: int) -> str:
+    """When process `pid` started (clock ticks since boot, from /proc; '' where there is none):
+    with the pid it names one launcher for good, so an answer file left by an earlier launcher
+    whose pid was later reused (a long-lived /tmp, a container's repeated pid sequence) is never
+    taken for this launch's."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
 
 
 def _write_answer(path: Path, reply: dict) -> None:
