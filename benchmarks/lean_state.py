@@ -2,7 +2,7 @@
 AdamW, on the CPU (2 ranks under torchrun, gloo, FSDP2).
 
     python benchmarks/lean_state.py [--steps 300] [--width 512] [--layers 4]
-        [--learning-rate 1e-3] [--seed 7] [--out FILE.json]
+        [--learning-rate 1e-3] [--seed 7 [8 9 ...]] [--out FILE.json]
 
 Each mode trains the same randomly initialised Llama (hidden `--width`, built here, nothing
 downloaded) on the demo task `sort_plus1` (`mini-trainer demo-assets`) for `--steps` steps with
@@ -14,6 +14,11 @@ over real tensors shaped like rank 0's shards and taking one step (the layout `p
 and the mean step time after the first 10 steps (torchao's compile), as a ratio to fp32 AdamW's
 in the same invocation. Prints the CPU model and the load average: figures taken on a loaded
 machine say so.
+
+With several seeds (data orders) every mode runs once per seed, and the summary compares each
+mode's mean over the seeds with fp32 AdamW's mean, beside fp32 AdamW's own range over the seeds:
+a single 300-step run is one draw of a spread (trajectories part after a few steps), so a 2%
+question needs the spread too.
 """
 
 from __future__ import annotations
@@ -131,6 +136,28 @@ def state_bytes_per_param(model: Path, mode: tuple) -> float:
     return state / sum(s.numel() for s in shards)
 
 
+def summarize(rows: list[dict], names: list[str]) -> list[dict]:
+    """Per mode: the mean of each figure over its seeds, its lowest and highest seed, and each
+    mean as a ratio to fp32 AdamW's (the first mode)."""
+    summary = []
+    for name in names:
+        runs = [r for r in rows if r["mode"] == name]
+        row = {"mode": name, "flags": runs[0]["flags"], "seeds": [r["seed"] for r in runs],
+               "state_bytes_per_param": runs[0]["state_bytes_per_param"]}  # fmt: skip
+        for key in ("last_loss", "val_loss", "step_time_s"):
+            values = [r[key] for r in runs]
+            row[key], row[f"{key}_min"], row[f"{key}_max"] = (
+                statistics.fmean(values), min(values), max(values))  # fmt: skip
+        summary.append(row)
+    base = summary[0]
+    for row in summary:
+        row["last_loss_ratio"] = row["last_loss"] / base["last_loss"]
+        row["val_loss_ratio"] = row["val_loss"] / base["val_loss"]
+        row["state_ratio"] = row["state_bytes_per_param"] / base["state_bytes_per_param"]
+        row["step_time_ratio"] = row["step_time_s"] / base["step_time_s"]
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -138,7 +165,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--seed", type=int, default=7, help="data order (the model is fixed)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        nargs="+",
+        default=[7],
+        help="data orders (the model is fixed); several: a run per mode and seed",
+    )
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="Write the rows as JSON too.")
     options = parser.parse_args()
@@ -149,37 +182,45 @@ def main() -> None:
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; CPU: {cpu_model()}, {os.cpu_count()} cores; "
           f"load average before: {os.getloadavg()}")  # fmt: skip
     print(f"{RANKS} ranks, Llama hidden {options.width} x {options.layers} layers, "
-          f"{options.steps} steps, learning rate {options.learning_rate}, seed {options.seed}; "
+          f"{options.steps} steps, learning rate {options.learning_rate}, seeds {options.seed}; "
           f"last-{tail}-step mean loss")  # fmt: skip
+    names = ["adamw", *[m for m in options.modes if m != "adamw"]]
+    state = {name: state_bytes_per_param(model, MODES[name]) for name in names}
     rows = []
-    for name in ["adamw", *[m for m in options.modes if m != "adamw"]]:
-        started = time.perf_counter()
-        metrics = train(model, data, work / f"run-{name.replace(', ', '-')}", options.steps,
-                        MODES[name], options.learning_rate, options.seed)  # fmt: skip
-        rows.append({
-            "mode": name,
-            "flags": list(MODES[name]),
-            "last_loss": statistics.fmean(r["loss"] for r in metrics[-tail:]),
-            "val_loss": next(r["val_loss"] for r in reversed(metrics) if "val_loss" in r),
-            "step_time_s": statistics.fmean(r["step_time_s"] for r in metrics[10:] or metrics),
-            "state_bytes_per_param": state_bytes_per_param(model, MODES[name]),
-            "wall_s": time.perf_counter() - started,
-        })  # fmt: skip
-    base = rows[0]
-    print(f"{'mode':26s} {'last loss':>9s} {'ratio':>6s} {'val loss':>9s} {'ratio':>6s} "
-          f"{'state B/param':>13s} {'ratio':>6s} {'step s':>7s} {'ratio':>6s}")  # fmt: skip
-    for row in rows:
-        row["last_loss_ratio"] = row["last_loss"] / base["last_loss"]
-        row["val_loss_ratio"] = row["val_loss"] / base["val_loss"]
-        row["state_ratio"] = row["state_bytes_per_param"] / base["state_bytes_per_param"]
-        row["step_time_ratio"] = row["step_time_s"] / base["step_time_s"]
+    for seed in options.seed:
+        for name in names:
+            started = time.perf_counter()
+            metrics = train(model, data, work / f"run-{name.replace(', ', '-')}-s{seed}",
+                            options.steps, MODES[name], options.learning_rate, seed)  # fmt: skip
+            rows.append({
+                "mode": name,
+                "seed": seed,
+                "flags": list(MODES[name]),
+                "last_loss": statistics.fmean(r["loss"] for r in metrics[-tail:]),
+                "val_loss": next(r["val_loss"] for r in reversed(metrics) if "val_loss" in r),
+                "step_time_s": statistics.fmean(r["step_time_s"] for r in metrics[10:] or metrics),
+                "state_bytes_per_param": state[name],
+                "wall_s": time.perf_counter() - started,
+            })  # fmt: skip
+            print(f"seed {seed} {name:26s} last {rows[-1]['last_loss']:.4f} "
+                  f"val {rows[-1]['val_loss']:.4f} step {rows[-1]['step_time_s']:.3f} s "
+                  f"({rows[-1]['wall_s']:.0f} s)", flush=True)  # fmt: skip
+    summary = summarize(rows, names)
+    print(f"{'mode':26s} {'last loss':>9s} {'ratio':>6s} {'range':>13s} {'val loss':>9s} "
+          f"{'ratio':>6s} {'range':>13s} {'state B/param':>13s} {'ratio':>6s} {'step s':>7s} "
+          f"{'ratio':>6s}")  # fmt: skip
+    for row in summary:
         print(f"{row['mode']:26s} {row['last_loss']:9.4f} {row['last_loss_ratio']:6.3f} "
+              f"{row['last_loss_min']:6.4f}-{row['last_loss_max']:6.4f} "
               f"{row['val_loss']:9.4f} {row['val_loss_ratio']:6.3f} "
+              f"{row['val_loss_min']:6.4f}-{row['val_loss_max']:6.4f} "
               f"{row['state_bytes_per_param']:13.3f} {row['state_ratio']:6.3f} "
               f"{row['step_time_s']:7.3f} {row['step_time_ratio']:6.2f}", flush=True)  # fmt: skip
+    print(f"means over {len(options.seed)} seed(s); ratios: a mode's mean over fp32 AdamW's mean "
+          f"(same invocation); range: the lowest and highest seed")  # fmt: skip
     print(f"load average after: {os.getloadavg()}")
     if options.out:
-        options.out.write_text(json.dumps(rows, indent=2) + "\n")
+        options.out.write_text(json.dumps({"runs": rows, "summary": summary}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
