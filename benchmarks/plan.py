@@ -169,7 +169,10 @@ def measure(model: Path, data: Path, flags: list[str], ranks: int, work: Path, n
     started = time.perf_counter()
     done = subprocess.run(
         [*head, *train],
-        env=child_env() | {"MINI_TRAINER_MEMORY_PROBE": str(probe)},
+        # Every allocation over 64 KiB its own mapping: the probe's resident-memory measure of
+        # torchao's compiled 8-bit step then sees each temporary come and go.
+        env=child_env()
+        | {"MINI_TRAINER_MEMORY_PROBE": str(probe), "MALLOC_MMAP_THRESHOLD_": "65536"},
         capture_output=True,
         text=True,
         timeout=1800,

@@ -260,8 +260,9 @@ def longest_sample(counts: Counts, trace: Trace, setup: Setup, budget: int) -> i
 
 
 LOWBIT_TEMPORARIES = 3
-"""fp32 copies of one parameter that torchao's compiled 8-bit step holds at once (its two
-dequantized moments and the update; a formula: the CPU memory probe cannot run a compiled step)."""
+"""fp32 copies of one parameter that torchao's compiled 8-bit step holds at once: 2.0 measured on
+the CPU (benchmarks/plan.py, the step's resident high-water mark; docs/plan.md), 3 kept as the
+bound until torchao's Triton kernels are measured on a GPU."""
 
 
 def step_temporaries(counts: Counts, setup: Setup, on_gpu: int) -> Line:
