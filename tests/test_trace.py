@@ -7,6 +7,7 @@ The fixtures under tests/fixtures/trace/ are tiny files in TRACE's own layout an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -29,6 +30,10 @@ def test_every_trace_task_becomes_chat_jsonl_line_for_line(tmp_path):
         out = tmp_path / f"{task}.eval.jsonl"
         result = run_cli("trace-chat", source, "--out", out, check=True)
         assert f"({len(read_samples(source))} samples)" in result.stdout
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        assert result.stderr.splitlines() == [f"{source}: not pinned: SHA-256 {digest} (pin it "
+                                              "with --sha256, or the pipeline config's "
+                                              "trace.sha256)"]  # fmt: skip
         lines = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
         for line, sample in zip(lines, read_samples(source), strict=True):
             assert check_messages(line["messages"]) is None

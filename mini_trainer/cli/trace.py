@@ -48,6 +48,9 @@ def trace_chat(source: Path, out: Path, sha256: str | None, force: bool) -> None
         raise UserError(f"{source}: SHA-256 {file_sha256(source)}, expected {sha256} (--sha256)")
     count = write_chat(source, out)
     click.echo(f"wrote {out} ({count:,} samples)")
+    if sha256 is None:  # say what to pin, so that a rerun reads the same bytes
+        click.echo(f"{source}: not pinned: SHA-256 {file_sha256(source)} (pin it with --sha256, "
+                   "or the pipeline config's trace.sha256)", err=True)  # fmt: skip
 
 
 @cli.command("generate")
