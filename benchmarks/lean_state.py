@@ -3,6 +3,7 @@ AdamW, on the CPU (2 ranks under torchrun, gloo, FSDP2).
 
     python benchmarks/lean_state.py [--steps 300] [--width 512] [--layers 4]
         [--learning-rate 1e-3] [--seed 7 [8 9 ...]] [--out FILE.json]
+    python benchmarks/lean_state.py --from-json FILE.json   # that run's summary again
 
 Each mode trains the same randomly initialised Llama (hidden `--width`, built here, nothing
 downloaded) on the demo task `sort_plus1` (`mini-trainer demo-assets`) for `--steps` steps with
@@ -137,8 +138,9 @@ def state_bytes_per_param(model: Path, mode: tuple) -> float:
 
 
 def summarize(rows: list[dict], names: list[str]) -> list[dict]:
-    """Per mode: the mean of each figure over its seeds, its lowest and highest seed, and each
-    mean as a ratio to fp32 AdamW's (the first mode)."""
+    """Per mode: the mean of each figure over its seeds, its lowest and highest seed, each mean as
+    a ratio to fp32 AdamW's (the first mode), and the paired ratios: the mode's loss over fp32
+    AdamW's at the same seed (the same batches), their mean, lowest and highest."""
     summary = []
     for name in names:
         runs = [r for r in rows if r["mode"] == name]
@@ -150,12 +152,38 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
                 statistics.fmean(values), min(values), max(values))  # fmt: skip
         summary.append(row)
     base = summary[0]
+    fp32 = {r["seed"]: r for r in rows if r["mode"] == base["mode"]}
     for row in summary:
         row["last_loss_ratio"] = row["last_loss"] / base["last_loss"]
         row["val_loss_ratio"] = row["val_loss"] / base["val_loss"]
         row["state_ratio"] = row["state_bytes_per_param"] / base["state_bytes_per_param"]
         row["step_time_ratio"] = row["step_time_s"] / base["step_time_s"]
+        runs = [r for r in rows if r["mode"] == row["mode"]]
+        for key in ("last_loss", "val_loss"):
+            paired = [r[key] / fp32[r["seed"]][key] for r in runs]
+            row[f"{key}_paired"] = statistics.fmean(paired)
+            row[f"{key}_paired_min"], row[f"{key}_paired_max"] = min(paired), max(paired)
     return summary
+
+
+def print_summary(summary: list[dict]) -> None:
+    print(f"{'mode':26s} {'last loss':>9s} {'ratio':>6s} {'range':>13s} {'paired':>19s} "
+          f"{'val loss':>9s} {'ratio':>6s} {'range':>13s} {'paired':>19s} {'state B/param':>13s} "
+          f"{'ratio':>6s} {'step s':>7s} {'ratio':>6s}")  # fmt: skip
+    for row in summary:
+        print(f"{row['mode']:26s} {row['last_loss']:9.4f} {row['last_loss_ratio']:6.3f} "
+              f"{row['last_loss_min']:6.4f}-{row['last_loss_max']:6.4f} "
+              f"{row['last_loss_paired']:6.3f} ({row['last_loss_paired_min']:5.3f}-"
+              f"{row['last_loss_paired_max']:5.3f}) "
+              f"{row['val_loss']:9.4f} {row['val_loss_ratio']:6.3f} "
+              f"{row['val_loss_min']:6.4f}-{row['val_loss_max']:6.4f} "
+              f"{row['val_loss_paired']:6.3f} ({row['val_loss_paired_min']:5.3f}-"
+              f"{row['val_loss_paired_max']:5.3f}) "
+              f"{row['state_bytes_per_param']:13.3f} {row['state_ratio']:6.3f} "
+              f"{row['step_time_s']:7.3f} {row['step_time_ratio']:6.2f}", flush=True)  # fmt: skip
+    print(f"means over the seeds {summary[0]['seeds']}; ratio: a mode's mean over fp32 AdamW's "
+          "mean (same invocation); range: its lowest and highest seed; paired: the mean of its "
+          "ratios to fp32 AdamW at the same seed (lowest-highest)")  # fmt: skip
 
 
 def main() -> None:
@@ -174,7 +202,17 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=None)
     parser.add_argument("--out", type=Path, default=None, help="Write the rows as JSON too.")
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="Print the summary of an earlier run's --out file (no training).",
+    )
     options = parser.parse_args()
+    if options.from_json:
+        runs = json.loads(options.from_json.read_text())["runs"]
+        print_summary(summarize(runs, list(dict.fromkeys(r["mode"] for r in runs))))
+        return
     work = options.work or Path(tempfile.mkdtemp(prefix="lean-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     model, data = make_model(work, options.width, options.layers)
@@ -206,18 +244,7 @@ def main() -> None:
                   f"val {rows[-1]['val_loss']:.4f} step {rows[-1]['step_time_s']:.3f} s "
                   f"({rows[-1]['wall_s']:.0f} s)", flush=True)  # fmt: skip
     summary = summarize(rows, names)
-    print(f"{'mode':26s} {'last loss':>9s} {'ratio':>6s} {'range':>13s} {'val loss':>9s} "
-          f"{'ratio':>6s} {'range':>13s} {'state B/param':>13s} {'ratio':>6s} {'step s':>7s} "
-          f"{'ratio':>6s}")  # fmt: skip
-    for row in summary:
-        print(f"{row['mode']:26s} {row['last_loss']:9.4f} {row['last_loss_ratio']:6.3f} "
-              f"{row['last_loss_min']:6.4f}-{row['last_loss_max']:6.4f} "
-              f"{row['val_loss']:9.4f} {row['val_loss_ratio']:6.3f} "
-              f"{row['val_loss_min']:6.4f}-{row['val_loss_max']:6.4f} "
-              f"{row['state_bytes_per_param']:13.3f} {row['state_ratio']:6.3f} "
-              f"{row['step_time_s']:7.3f} {row['step_time_ratio']:6.2f}", flush=True)  # fmt: skip
-    print(f"means over {len(options.seed)} seed(s); ratios: a mode's mean over fp32 AdamW's mean "
-          f"(same invocation); range: the lowest and highest seed")  # fmt: skip
+    print_summary(summary)
     print(f"load average after: {os.getloadavg()}")
     if options.out:
         options.out.write_text(json.dumps({"runs": rows, "summary": summary}, indent=2) + "\n")
