@@ -2,7 +2,7 @@
 AdamW, on the CPU (2 ranks under torchrun, gloo, FSDP2).
 
     python benchmarks/lean_state.py [--steps 300] [--width 512] [--layers 4]
-        [--learning-rate 1e-3] [--seed 7 [8 9 ...]] [--out FILE.json]
+        [--learning-rate 1e-3] [--lr-scheduler cosine] [--seed 7 [8 9 ...]] [--out FILE.json]
     python benchmarks/lean_state.py --from-json FILE.json   # that run's summary again
 
 Each mode trains the same randomly initialised Llama (hidden `--width`, built here, nothing
@@ -91,7 +91,14 @@ def make_model(work: Path, width: int, layers: int) -> tuple[Path, Path]:
 
 
 def train(
-    model: Path, data: Path, out: Path, steps: int, mode: tuple, lr: float, seed: int
+    model: Path,
+    data: Path,
+    out: Path,
+    steps: int,
+    mode: tuple,
+    lr: float,
+    seed: int,
+    scheduler: str = "constant_with_warmup",
 ) -> list[dict]:
     shutil.rmtree(out, ignore_errors=True)
     command = [
@@ -101,7 +108,8 @@ def train(
         "--validation-data-path", str(data / "sort_plus1.eval.jsonl"),
         "--validation-every-steps", str(steps), "--training-mode", "step",
         "--max-steps", str(steps), "--batch-size", "16", "--max-tokens-per-gpu", "512",
-        "--learning-rate", str(lr), "--num-warmup-steps", "10", "--seed", str(seed), *mode,
+        "--learning-rate", str(lr), "--num-warmup-steps", "10", "--lr-scheduler", scheduler,
+        "--seed", str(seed), *mode,
     ]  # fmt: skip
     done = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=7200)
     if done.returncode:
@@ -193,6 +201,9 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--lr-scheduler", default="constant_with_warmup",
+                        help="train's --lr-scheduler (cosine: the rate decays to 0 by the last "
+                        "step, so the final weights are annealed)")  # fmt: skip
     parser.add_argument(
         "--seed",
         type=int,
@@ -220,7 +231,8 @@ def main() -> None:
     print(f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; CPU: {cpu_model()}, {os.cpu_count()} cores; "
           f"load average before: {os.getloadavg()}")  # fmt: skip
     print(f"{RANKS} ranks, Llama hidden {options.width} x {options.layers} layers, "
-          f"{options.steps} steps, learning rate {options.learning_rate}, seeds {options.seed}; "
+          f"{options.steps} steps, learning rate {options.learning_rate} "
+          f"({options.lr_scheduler}), seeds {options.seed}; "
           f"last-{tail}-step mean loss")  # fmt: skip
     names = ["adamw", *[m for m in options.modes if m != "adamw"]]
     state = {name: state_bytes_per_param(model, MODES[name]) for name in names}
@@ -229,7 +241,8 @@ def main() -> None:
         for name in names:
             started = time.perf_counter()
             metrics = train(model, data, work / f"run-{name.replace(', ', '-')}-s{seed}",
-                            options.steps, MODES[name], options.learning_rate, seed)  # fmt: skip
+                            options.steps, MODES[name], options.learning_rate, seed,
+                            options.lr_scheduler)  # fmt: skip
             rows.append({
                 "mode": name,
                 "seed": seed,
