@@ -256,6 +256,8 @@ def main() -> None:
             print(f"seed {seed} {name:26s} last {rows[-1]['last_loss']:.4f} "
                   f"val {rows[-1]['val_loss']:.4f} step {rows[-1]['step_time_s']:.3f} s "
                   f"({rows[-1]['wall_s']:.0f} s)", flush=True)  # fmt: skip
+            if options.out:  # after every run: a stopped benchmark keeps what it measured
+                options.out.write_text(json.dumps({"runs": rows}, indent=2) + "\n")
     summary = summarize(rows, names)
     print_summary(summary)
     print(f"load average after: {os.getloadavg()}")
