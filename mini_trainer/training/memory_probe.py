@@ -46,6 +46,7 @@ class MemoryProbe:
 
     def _step_beside_tracker(self, step):
         """`step` run with the tracker set aside, its temporaries measured by resident memory."""
+        # deferred: torch's dispatch-mode switch, only when the probe is on
         from torch.utils._python_dispatch import _disable_current_modes
 
         def run(*args, **kwargs):
@@ -93,9 +94,9 @@ _TOTAL = "Total"  # the tracker's key for the sum of every kind
 
 def _compiled_step(optimizer) -> bool:
     """torchao's 8-bit AdamW with its compiled update (not under TORCH_COMPILE_DISABLE=1)."""
+    # deferred: torch and torchao, only when the probe is on
     import torch
 
-    # deferred: torchao, only when the probe is on
     from mini_trainer.training.lowbit_adamw import AdamW8bit
 
     return isinstance(optimizer, AdamW8bit) and not torch._dynamo.config.disable
