@@ -177,6 +177,9 @@ def train(args: TrainingArgs, runtime: Runtime) -> int:
                     )
                     return EXIT_PREEMPTED
         except divergence.Diverged as error:
+            # The last good state may still be in its background write: published before the
+            # message names the newest state (every rank is here: the check is all-reduced).
+            saver.finish_pending(last=True)
             raise error.at_step(progress.step + 1, out) from None
         finally:
             probe.close()
