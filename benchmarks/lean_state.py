@@ -149,6 +149,7 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
     """Per mode: the mean of each figure over its seeds, its lowest and highest seed, each mean as
     a ratio to fp32 AdamW's (the first mode), and the paired ratios: the mode's loss over fp32
     AdamW's at the same seed (the same batches), their mean, lowest and highest."""
+    fp32 = {r["seed"]: r for r in rows if r["mode"] == names[0]}
     summary = []
     for name in names:
         runs = [r for r in rows if r["mode"] == name]
@@ -158,19 +159,17 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
             values = [r[key] for r in runs]
             row[key], row[f"{key}_min"], row[f"{key}_max"] = (
                 statistics.fmean(values), min(values), max(values))  # fmt: skip
+        for key in ("last_loss", "val_loss"):
+            paired = [r[key] / fp32[r["seed"]][key] for r in runs]
+            row[f"{key}_paired"] = statistics.fmean(paired)
+            row[f"{key}_paired_min"], row[f"{key}_paired_max"] = min(paired), max(paired)
         summary.append(row)
     base = summary[0]
-    fp32 = {r["seed"]: r for r in rows if r["mode"] == base["mode"]}
     for row in summary:
         row["last_loss_ratio"] = row["last_loss"] / base["last_loss"]
         row["val_loss_ratio"] = row["val_loss"] / base["val_loss"]
         row["state_ratio"] = row["state_bytes_per_param"] / base["state_bytes_per_param"]
         row["step_time_ratio"] = row["step_time_s"] / base["step_time_s"]
-        runs = [r for r in rows if r["mode"] == row["mode"]]
-        for key in ("last_loss", "val_loss"):
-            paired = [r[key] / fp32[r["seed"]][key] for r in runs]
-            row[f"{key}_paired"] = statistics.fmean(paired)
-            row[f"{key}_paired_min"], row[f"{key}_paired_max"] = min(paired), max(paired)
     return summary
 
 
