@@ -14,6 +14,7 @@ from helpers import (
     kill_when_saved,
     read_metrics,
     run_launcher,
+    subprocess_env,
     train_in_process,
 )
 from safetensors.torch import load_file
@@ -107,12 +108,51 @@ def test_lean_adamw_with_fp32_states_is_torch_adamw():
 def uncompiled_8bit_update(monkeypatch):
     """torchao's 8-bit update run uncompiled in this process: compiling it cost a test worker
     about 30 CPU-s, and what these tests check (bytes, resume) does not depend on it. The
-    compiled update is what the 2-rank 8-bit test runs, in its own processes."""
+    compiled update is checked once, on one shape (the test below)."""
     from torchao.optim.adam import single_param_adam
 
     from mini_trainer.training import lowbit_adamw
 
     monkeypatch.setattr(lowbit_adamw, "_compiled_update", lambda: single_param_adam)
+
+
+@pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
+def test_the_compiled_8bit_update_is_the_eager_one(param_dtype):
+    """What a training run steps with (`_compiled_update()`: torchao's update under
+    torch.compile, fullgraph) against the same update run eagerly, through our optimizer's own
+    step (float lr, local shards), on one 8-bit-sized parameter: the same weights to
+    rounding, and moments stored in 8-bit blocks by both. bf16 parameters take torchao's
+    stochastic rounding, whose random bits differ between the two: there the updates are
+    compared by direction."""
+    from torchao.optim.adam import single_param_adam
+
+    from mini_trainer.training import lowbit_adamw
+
+    torch.manual_seed(3)
+    start = (0.1 * torch.randn(64, 128)).to(param_dtype)  # bf16 spacing well under the update
+    grads = [torch.randn(64, 128).to(param_dtype) for _ in range(3)]
+    ends = []
+    for update in (lowbit_adamw._compiled_update(), single_param_adam):
+        assert (update is single_param_adam) == (len(ends) == 1), "the first is not compiled"
+        param = start.clone().requires_grad_()
+        optimizer = lowbit_adamw.AdamW8bit([param], lr=1e-2, weight_decay=0.1)
+        optimizer.bf16_stochastic_round = True
+        original, lowbit_adamw._compiled_update = lowbit_adamw._compiled_update, lambda u=update: u
+        try:
+            for grad in grads:
+                param.grad = grad.clone()
+                optimizer.step()
+        finally:
+            lowbit_adamw._compiled_update = original
+        state = optimizer.state[param]
+        assert type(state["exp_avg"]).__name__ == "OptimState8bit"
+        ends.append(param.detach().float())
+    compiled, eager = (end - start.float() for end in ends)
+    assert eager.abs().mean() > 1e-2  # three steps of lr 1e-2 moved the weights
+    if param_dtype == torch.float32:
+        torch.testing.assert_close(compiled, eager, rtol=0, atol=1e-5)
+    else:  # the same updates up to the rounding's random bits
+        assert torch.cosine_similarity(compiled.flatten(), eager.flatten(), dim=0) > 0.99
 
 
 MODES = [
@@ -231,7 +271,10 @@ def test_8bit_on_two_ranks_with_uneven_shards_and_a_resume_on_one_rank_refused(d
     out = tmp_path / "run"
     flags = {"training-mode": "step", "max-steps": 3, "save-every-steps": 2, "batch-size": 8,
              "max-tokens-per-gpu": 256, "optimizer": "adamw-8bit"}  # fmt: skip
-    result = run_launcher(*base_flags(demo_dir, out, **flags))
+    # uncompiled: a compile per shard shape in both ranks cost about 60 CPU-s, and the compiled
+    # update is checked in this process (test_the_compiled_8bit_update_is_the_eager_one)
+    result = run_launcher(*base_flags(demo_dir, out, **flags),
+                          env=subprocess_env(TORCH_COMPILE_DISABLE="1"))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert [row["step"] for row in read_metrics(out)] == [1, 2, 3]
     result = train_in_process(*base_flags(demo_dir, out, **flags, resume=True))  # one rank
