@@ -20,6 +20,12 @@ With several seeds (data orders) every mode runs once per seed, and the summary 
 mode's mean over the seeds with fp32 AdamW's mean, beside fp32 AdamW's own range over the seeds:
 a single 300-step run is one draw of a spread (trajectories part after a few steps), so a 2%
 question needs the spread too.
+
+The row `adamw, bf16-rounded start` is the yardstick for that spread: fp32 AdamW again, every
+flag the same, started from the model's weights rounded to bf16 (what any bf16 checkpoint
+gives). It changes no method, only the start, by about bf16's rounding: its paired ratios show
+how far a seed's ratio moves when nothing but rounding-sized noise differs, and the summary's
+`+-` is the standard error of each paired mean over the seeds.
 """
 
 from __future__ import annotations
@@ -49,7 +55,10 @@ MODES = {
     "adamw-bf16, bf16 params": ("--optimizer", "adamw-bf16", "--param-dtype", "bf16"),
     "adamw-8bit": ("--optimizer", "adamw-8bit"),
     "adamw-8bit, bf16 params": ("--optimizer", "adamw-8bit", "--param-dtype", "bf16"),
+    "adamw, bf16-rounded start": (),
 }
+ROUNDED_START = "adamw, bf16-rounded start"
+"""fp32 AdamW from the weights rounded to bf16: the spread of a paired ratio (docstring)."""
 RANKS = 2
 
 
@@ -88,6 +97,20 @@ def make_model(work: Path, width: int, layers: int) -> tuple[Path, Path]:
             if "token" in path.name or path.name.endswith(".jinja"):
                 shutil.copy(path, model / path.name)
     return model, demo / "data"
+
+
+def rounded_start(model: Path) -> Path:
+    """A copy of `model` whose weights are rounded to bf16 and stored in fp32 again."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    rounded = model.with_name(model.name + "-bf16-rounded")
+    if not (rounded / "model.safetensors").is_file():
+        shutil.copytree(model, rounded, dirs_exist_ok=True)
+        weights = load_file(model / "model.safetensors")
+        weights = {k: v.to(torch.bfloat16).float() for k, v in weights.items()}
+        save_file(weights, rounded / "model.safetensors", metadata={"format": "pt"})
+    return rounded
 
 
 def train(
@@ -163,6 +186,8 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
             paired = [r[key] / fp32[r["seed"]][key] for r in runs]
             row[f"{key}_paired"] = statistics.fmean(paired)
             row[f"{key}_paired_min"], row[f"{key}_paired_max"] = min(paired), max(paired)
+            spread = statistics.stdev(paired) if len(paired) > 1 else 0.0
+            row[f"{key}_paired_se"] = spread / len(paired) ** 0.5
         summary.append(row)
     base = summary[0]
     for row in summary:
@@ -174,23 +199,27 @@ def summarize(rows: list[dict], names: list[str]) -> list[dict]:
 
 
 def print_summary(summary: list[dict]) -> None:
-    print(f"{'mode':26s} {'last loss':>9s} {'ratio':>6s} {'range':>13s} {'paired':>19s} "
-          f"{'val loss':>9s} {'ratio':>6s} {'range':>13s} {'paired':>19s} {'state B/param':>13s} "
+    print(f"{'mode':26s} {'last loss':>9s} {'ratio':>6s} {'range':>13s} {'paired':>26s} "
+          f"{'val loss':>9s} {'ratio':>6s} {'range':>13s} {'paired':>26s} {'state B/param':>13s} "
           f"{'ratio':>6s} {'step s':>7s} {'ratio':>6s}")  # fmt: skip
     for row in summary:
         print(f"{row['mode']:26s} {row['last_loss']:9.4f} {row['last_loss_ratio']:6.3f} "
               f"{row['last_loss_min']:6.4f}-{row['last_loss_max']:6.4f} "
-              f"{row['last_loss_paired']:6.3f} ({row['last_loss_paired_min']:5.3f}-"
+              f"{row['last_loss_paired']:6.3f}+-{row.get('last_loss_paired_se', 0):5.3f} "
+              f"({row['last_loss_paired_min']:5.3f}-"
               f"{row['last_loss_paired_max']:5.3f}) "
               f"{row['val_loss']:9.4f} {row['val_loss_ratio']:6.3f} "
               f"{row['val_loss_min']:6.4f}-{row['val_loss_max']:6.4f} "
-              f"{row['val_loss_paired']:6.3f} ({row['val_loss_paired_min']:5.3f}-"
+              f"{row['val_loss_paired']:6.3f}+-{row.get('val_loss_paired_se', 0):5.3f} "
+              f"({row['val_loss_paired_min']:5.3f}-"
               f"{row['val_loss_paired_max']:5.3f}) "
               f"{row['state_bytes_per_param']:13.3f} {row['state_ratio']:6.3f} "
               f"{row['step_time_s']:7.3f} {row['step_time_ratio']:6.2f}", flush=True)  # fmt: skip
     print(f"means over the seeds {summary[0]['seeds']}; ratio: a mode's mean over fp32 AdamW's "
           "mean (same invocation); range: its lowest and highest seed; paired: the mean of its "
-          "ratios to fp32 AdamW at the same seed (lowest-highest)")  # fmt: skip
+          "ratios to fp32 AdamW at the same seed +- its standard error (lowest-highest); "
+          f"'{ROUNDED_START}': fp32 AdamW from bf16-rounded weights, the spread a paired "
+          "ratio has when no method differs")  # fmt: skip
 
 
 def main() -> None:
@@ -234,12 +263,13 @@ def main() -> None:
           f"({options.lr_scheduler}), seeds {options.seed}; "
           f"last-{tail}-step mean loss")  # fmt: skip
     names = ["adamw", *[m for m in options.modes if m != "adamw"]]
+    starts = {name: rounded_start(model) if name == ROUNDED_START else model for name in names}
     state = {name: state_bytes_per_param(model, MODES[name]) for name in names}
     rows = []
     for seed in options.seed:
         for name in names:
             started = time.perf_counter()
-            metrics = train(model, data, work / f"run-{name.replace(', ', '-')}-s{seed}",
+            metrics = train(starts[name], data, work / f"run-{name.replace(', ', '-')}-s{seed}",
                             options.steps, MODES[name], options.learning_rate, seed,
                             options.lr_scheduler)  # fmt: skip
             rows.append({

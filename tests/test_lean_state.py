@@ -87,6 +87,33 @@ def test_stochastic_rounding_keeps_updates_that_rounding_to_nearest_loses():
     assert abs(stochastic.float().mean().item() - expected) < 2e-3 * expected
 
 
+def test_bf16_moments_round_to_nearest_unless_their_decay_is_finer_than_bf16():
+    """Default betas (0.9, 0.95): each moment is the fp32 value rounded to nearest. beta2 =
+    0.999: rounding to nearest would keep a second moment with zero gradients where it is (a
+    decay of 0.1% is under half of bf16's spacing); stochastic rounding decays it as fp32 does."""
+    torch.manual_seed(2)
+    grad = torch.randn(64, 64)
+    param = torch.zeros(64, 64, requires_grad=True)
+    optimizer = LeanAdamW([param], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0,
+                          state_dtype=torch.bfloat16)  # fmt: skip
+    param.grad = grad.clone()
+    optimizer.step()
+    state = optimizer.state[param]
+    assert torch.equal(state["exp_avg"], (0.1 * grad).to(torch.bfloat16))
+    assert torch.equal(state["exp_avg_sq"], grad.mul(grad).mul_(1 - 0.95).to(torch.bfloat16))
+
+    optimizer = LeanAdamW([param], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                          state_dtype=torch.bfloat16)  # fmt: skip
+    param.grad = grad.clone()
+    optimizer.step()
+    start = optimizer.state[param]["exp_avg_sq"].float().sum()
+    param.grad = torch.zeros_like(grad)
+    for _ in range(50):
+        optimizer.step()
+    decayed = optimizer.state[param]["exp_avg_sq"].float().sum() / start
+    assert decayed.item() == pytest.approx(0.999**50, rel=2e-3)  # nearest would leave 1.0
+
+
 def test_lean_adamw_with_fp32_states_is_torch_adamw():
     torch.manual_seed(1)
     weights = [torch.randn(64, 32), torch.randn(32)]

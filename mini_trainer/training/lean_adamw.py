@@ -3,9 +3,13 @@
 torch's AdamW keeps its moments in the parameter's dtype and rounds a bf16 parameter's update to
 nearest: an update smaller than half of bf16's spacing (2^-8 of the weight) is lost every step,
 and a bf16 second moment decayed by beta2 = 0.999 rounds back to itself and never decays. Here
-every step computes in fp32 and writes each bf16 tensor back with stochastic rounding (round up
+every step computes in fp32 and writes a bf16 parameter back with stochastic rounding (round up
 with probability equal to the remainder), so the expected value of what is stored is what fp32
-would store and small updates accumulate.
+would store and small updates accumulate. A bf16 moment is rounded to nearest where its decay
+moves it by several bf16 spacings each step (`rounds_to_nearest`: beta1 = 0.9 and beta2 = 0.95,
+the defaults), which errs less than stochastic rounding and draws no random bits, as torchao's
+and torchtitan's bf16 states do; stochastically where the decay is finer (beta2 = 0.99, 0.999),
+where rounding to nearest would stall it.
 
 The random bits come from a generator seeded by (seed, rank, step, parameter, tensor) alone, not
 from torch's global generator: a resumed run draws the same bits as an uninterrupted one whatever
@@ -42,6 +46,17 @@ def stochastic_round_(
     target.copy_(noise.add_(bits).bitwise_and_(-65536).view(torch.float32))  # exact in bf16
 
 
+NEAREST_MIN_DECAY = 2**-5
+"""The least per-step decay (1 - beta) of a bf16 moment stored rounded to nearest: four spacings
+at bf16's coarsest (2^-7 of the value), so rounding errs by at most an eighth of a step's decay."""
+
+
+def rounds_to_nearest(beta: float) -> bool:
+    """Whether a bf16 moment decayed by `beta` each step is stored rounded to nearest (else
+    stochastically): with a finer decay, rounding to nearest would keep the old value."""
+    return 1 - beta >= NEAREST_MIN_DECAY
+
+
 def noise_generator(device: torch.device, *key: int) -> torch.Generator:
     """A generator whose bits depend on `key` alone (Python hashes a tuple of ints the same in
     every process)."""
@@ -75,7 +90,8 @@ def keep_saved_moments(optimizer, state_dict: dict, dtype: torch.dtype | None = 
 
 class LeanAdamW(torch.optim.Optimizer):
     """Decoupled-weight-decay Adam as torch's AdamW computes it (same order of operations, in
-    fp32), with its moments stored in `state_dtype` and bf16 parameters stochastically rounded."""
+    fp32), with its moments stored in `state_dtype` (bf16: rounded as `rounds_to_nearest`
+    says) and bf16 parameters stochastically rounded."""
 
     def __init__(
         self,
@@ -135,12 +151,13 @@ class LeanAdamW(torch.optim.Optimizer):
                 weights.addcdiv_(exp_avg, denom, value=-lr / bias1)
                 del denom  # before the rounding's random bits: one temporary at a time
                 key = (self.seed, self.rank, int(step), index)
-                for slot, (target, value) in enumerate(
-                    ((state["exp_avg"], exp_avg), (state["exp_avg_sq"], exp_avg_sq),
-                     (param, weights))
+                for slot, (target, value, nearest) in enumerate(
+                    ((state["exp_avg"], exp_avg, rounds_to_nearest(beta1)),
+                     (state["exp_avg_sq"], exp_avg_sq, rounds_to_nearest(beta2)),
+                     (param, weights, False))
                 ):  # fmt: skip
                     target = local(target)
-                    if target.dtype == torch.bfloat16:
+                    if target.dtype == torch.bfloat16 and not nearest:
                         stochastic_round_(target, value, noise_generator(value.device, *key, slot))
                     else:
                         target.copy_(value)
