@@ -7,7 +7,7 @@ options imports nothing heavy.
 
 Modes (docs/training.md, "Optimizer state and parameter dtype"):
 - `adamw`: torch's AdamW, fp32 states: today's numerics, bit for bit (the default);
-- `adamw-bf16`: AdamW with both moments kept in bf16 (stochastically rounded);
+- `adamw-bf16`: AdamW with both moments kept in bf16 (`lean_adamw.rounds_to_nearest`);
 - `adamw-8bit`: torchao's AdamW8bit, moments block-quantized to 8 bits (blocks of 256);
 - `adamw-4bit`: refused (see `REFUSED_OPTIMIZERS`).
 `--param-dtype bf16` keeps the sharded master weights and their gradients in bf16; each update
