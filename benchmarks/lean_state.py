@@ -48,6 +48,8 @@ sys.path.insert(0, str(REPO))
 
 from plan import child_env  # noqa: E402  (benchmarks/plan.py: this script's directory)
 
+ROUNDED_START = "adamw, bf16-rounded start"
+"""fp32 AdamW from the weights rounded to bf16: the spread of a paired ratio (docstring)."""
 MODES = {
     "adamw": (),
     "adamw-bf16": ("--optimizer", "adamw-bf16"),
@@ -55,10 +57,8 @@ MODES = {
     "adamw-bf16, bf16 params": ("--optimizer", "adamw-bf16", "--param-dtype", "bf16"),
     "adamw-8bit": ("--optimizer", "adamw-8bit"),
     "adamw-8bit, bf16 params": ("--optimizer", "adamw-8bit", "--param-dtype", "bf16"),
-    "adamw, bf16-rounded start": (),
+    ROUNDED_START: (),
 }
-ROUNDED_START = "adamw, bf16-rounded start"
-"""fp32 AdamW from the weights rounded to bf16: the spread of a paired ratio (docstring)."""
 RANKS = 2
 
 
@@ -205,12 +205,12 @@ def print_summary(summary: list[dict]) -> None:
     for row in summary:
         print(f"{row['mode']:26s} {row['last_loss']:9.4f} {row['last_loss_ratio']:6.3f} "
               f"{row['last_loss_min']:6.4f}-{row['last_loss_max']:6.4f} "
-              f"{row['last_loss_paired']:6.3f}+-{row.get('last_loss_paired_se', 0):5.3f} "
+              f"{row['last_loss_paired']:6.3f}+-{row['last_loss_paired_se']:5.3f} "
               f"({row['last_loss_paired_min']:5.3f}-"
               f"{row['last_loss_paired_max']:5.3f}) "
               f"{row['val_loss']:9.4f} {row['val_loss_ratio']:6.3f} "
               f"{row['val_loss_min']:6.4f}-{row['val_loss_max']:6.4f} "
-              f"{row['val_loss_paired']:6.3f}+-{row.get('val_loss_paired_se', 0):5.3f} "
+              f"{row['val_loss_paired']:6.3f}+-{row['val_loss_paired_se']:5.3f} "
               f"({row['val_loss_paired_min']:5.3f}-"
               f"{row['val_loss_paired_max']:5.3f}) "
               f"{row['state_bytes_per_param']:13.3f} {row['state_ratio']:6.3f} "

@@ -144,7 +144,7 @@ def uncompiled_8bit_update(monkeypatch):
 
 
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])
-def test_the_compiled_8bit_update_is_the_eager_one(param_dtype):
+def test_the_compiled_8bit_update_is_the_eager_one(param_dtype, monkeypatch):
     """What a training run steps with (`_compiled_update()`: torchao's update under
     torch.compile, fullgraph) against the same update run eagerly, through our optimizer's own
     step (float lr, local shards), on one 8-bit-sized parameter: the same weights to
@@ -164,13 +164,10 @@ def test_the_compiled_8bit_update_is_the_eager_one(param_dtype):
         param = start.clone().requires_grad_()
         optimizer = lowbit_adamw.AdamW8bit([param], lr=1e-2, weight_decay=0.1)
         optimizer.bf16_stochastic_round = True
-        original, lowbit_adamw._compiled_update = lowbit_adamw._compiled_update, lambda u=update: u
-        try:
-            for grad in grads:
-                param.grad = grad.clone()
-                optimizer.step()
-        finally:
-            lowbit_adamw._compiled_update = original
+        monkeypatch.setattr(lowbit_adamw, "_compiled_update", lambda u=update: u)
+        for grad in grads:
+            param.grad = grad.clone()
+            optimizer.step()
         state = optimizer.state[param]
         assert type(state["exp_avg"]).__name__ == "OptimState8bit"
         ends.append(param.detach().float())

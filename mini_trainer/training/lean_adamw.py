@@ -131,6 +131,7 @@ class LeanAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+            nearest = (rounds_to_nearest(beta1), rounds_to_nearest(beta2), False)  # per slot
             for param in group["params"]:
                 index += 1
                 if param.grad is None:
@@ -151,13 +152,12 @@ class LeanAdamW(torch.optim.Optimizer):
                 weights.addcdiv_(exp_avg, denom, value=-lr / bias1)
                 del denom  # before the rounding's random bits: one temporary at a time
                 key = (self.seed, self.rank, int(step), index)
-                for slot, (target, value, nearest) in enumerate(
-                    ((state["exp_avg"], exp_avg, rounds_to_nearest(beta1)),
-                     (state["exp_avg_sq"], exp_avg_sq, rounds_to_nearest(beta2)),
-                     (param, weights, False))
+                for slot, (target, value) in enumerate(
+                    ((state["exp_avg"], exp_avg), (state["exp_avg_sq"], exp_avg_sq),
+                     (param, weights))
                 ):  # fmt: skip
                     target = local(target)
-                    if target.dtype == torch.bfloat16 and not nearest:
+                    if target.dtype == torch.bfloat16 and not nearest[slot]:
                         stochastic_round_(target, value, noise_generator(value.device, *key, slot))
                     else:
                         target.copy_(value)
