@@ -351,6 +351,8 @@ def test_the_pipelines_train_rule_is_one_command_with_resume_auto():
     shell = rule[rule.index("    shell:") :]
     command = "".join(re.findall(r'^\s*"(.*)"\s*$', shell, flags=re.M))
     assert command.rstrip().endswith("--resume auto > {log} 2>&1"), command
+    # the launcher replaces the shell: Slurm's stop signal must not kill a shell around it
+    assert " exec {params.launcher}" in command, command
     for shell_logic in ("if ", "mv ", "ls ", "[ ", ";"):
         assert shell_logic not in command, command
 

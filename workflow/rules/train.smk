@@ -57,9 +57,13 @@ rule train:
         # Snakemake sees one job and submits nothing again (profiles/slurm: retries: 0).
         # MINI_TRAINER_DROP_STATES=1: `launch` adds --drop-states-after-final (the job deletes its
         # state/ once final/ is written; keep_states_after_final: true gives 0).
+        # exec: the launcher replaces the rule's shell. Slurm's stop signal (--signal=TERM@600,
+        # scancel --signal) goes to every process of the job step; a shell would die of it at
+        # once, its job step would end as failed while the launcher, orphaned, still saves, and
+        # Snakemake could see the job fail before the launcher requeues it.
         " MINI_TRAINER_STOP_WITH_PID=$PPID MINI_TRAINER_ATTEMPT={resources.attempt}"
         " MINI_TRAINER_REQUEUE=1"
         " MINI_TRAINER_DROP_STATES={resources.drop_states}"
         " OMP_NUM_THREADS=$(( ({threads} + {params.nproc} - 1) / {params.nproc} ))"
-        " {params.launcher}"
+        " exec {params.launcher}"
         " {params.flags} --output-dir {params.run_dir:q} --resume auto > {log} 2>&1"
