@@ -12,6 +12,7 @@ Modes (docs/training.md, "Optimizer state and parameter dtype"):
 - `adamw-4bit`: refused (see `REFUSED_OPTIMIZERS`).
 `--param-dtype bf16` keeps the sharded master weights and their gradients in bf16; each update
 is applied with stochastic rounding, so that updates smaller than bf16's spacing are not lost.
+It sets how the weights are stored, not how a step computes (`bf16_compute`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,14 @@ WORLD_SIZE_BOUND = ("adamw-8bit",)
 """Modes whose saved state is laid out per rank's shard (torchao quantizes blocks of the local
 shard, and keeps fp32 state for a shard under 4,096 elements): a state resumes only on the world
 size that saved it (`state_layout`, compared by `layout_differences`)."""
+
+
+def bf16_compute(cuda: bool) -> bool:
+    """Whether forward and backward compute in bf16: on CUDA (FSDP2's mixed precision, fp32
+    gradient reduction), whatever `--param-dtype`; never on the CPU, where bf16 weights are
+    gathered as fp32. So on the CPU `--param-dtype bf16` changes what it changes on a GPU, the
+    stored weights and gradients, and not the arithmetic of the step (docs/training.md)."""
+    return cuda
 
 
 def optimizer_problems(args) -> list[str]:

@@ -227,6 +227,33 @@ def test_every_mode_resumes_bit_identically_after_sigkill(
     assert all(torch.equal(loaded[key], after[key]) for key in after)
 
 
+def test_bf16_params_are_stored_in_bf16_and_computed_in_fp32_on_the_cpu(demo_dir):
+    """On the CPU `--param-dtype bf16` changes what it changes on a GPU, the stored weights and
+    gradients, and not the step's arithmetic: FSDP2 gathers the bf16 shards as fp32
+    (`optimizer_options.bf16_compute`), and the gradients come back to bf16 shards."""
+    from mini_trainer.distributed.runtime import init_runtime, shutdown
+    from mini_trainer.method import FullFineTuning
+    from mini_trainer.training.loss import make_loss_fn
+    from mini_trainer.training.model_setup import ModelSpec, build_model, decoder_layers
+
+    runtime = init_runtime()
+    try:
+        spec = ModelSpec(str(demo_dir / "model"), param_dtype="bf16")
+        wrapped, _ = build_model(spec, make_loss_fn(False, "cpu"), runtime, FullFineTuning())
+        seen = []
+        layer = decoder_layers(wrapped.model)[0]
+        layer.mlp.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        ids = torch.randint(3, 50, (1, 16))
+        positions = torch.arange(16).unsqueeze(0)
+        wrapped(ids, positions, torch.roll(ids, -1, dims=1)).backward()
+    finally:
+        shutdown()
+    assert seen == [torch.float32]
+    assert {p.to_local().dtype for p in wrapped.parameters()} == {torch.bfloat16}
+    assert {p.grad.to_local().dtype for p in wrapped.parameters()} == {torch.bfloat16}
+    assert all(p.grad.to_local().abs().sum() > 0 for p in wrapped.parameters())
+
+
 @pytest.mark.parametrize(
     ("optimizer", "param_dtype"),
     [("adamw", "fp32"), ("adamw-bf16", "fp32"), ("adamw", "bf16"), ("adamw-8bit", "fp32")],

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mini_trainer.errors import UserError
 from mini_trainer.models.hub import resolve_model
+from mini_trainer.optimizer_options import bf16_compute
 from mini_trainer.training_args import TrainingArgs, parse_training_args
 
 DEFAULT_BANDWIDTH_GBS = {"intra": 360.0, "inter": 45.0}
@@ -107,7 +108,7 @@ def make_plan(model: str, revision: str | None, cluster: Cluster, flags: list[st
     config = load_config(model_dir, cluster.device)
     wrapped, method = planned.build(config, args)
     counts = planned.count(wrapped, method, cluster.world, args.weight_decay)
-    compute = torch.bfloat16 if cuda or args.param_dtype == "bf16" else torch.float32
+    compute = torch.bfloat16 if bf16_compute(cuda) else torch.float32
     trace = activations.trace(wrapped, args.max_tokens_per_gpu, compute, cuda)
     setup = memory.Setup(
         world=cluster.world,

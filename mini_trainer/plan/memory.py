@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from mini_trainer.optimizer_options import bf16_compute
 from mini_trainer.plan.activations import Trace
 from mini_trainer.plan.model import Counts
 
@@ -60,8 +61,8 @@ class Setup:
 
     @property
     def compute_bytes(self) -> int:
-        """bf16 compute on CUDA (MixedPrecisionPolicy) or with bf16 parameters, else fp32."""
-        return 2 if self.cuda or self.param_bytes == 2 else 4
+        """bf16 compute on CUDA (MixedPrecisionPolicy), fp32 on the CPU (`bf16_compute`)."""
+        return 2 if bf16_compute(self.cuda) else 4
 
 
 @dataclass

@@ -23,6 +23,7 @@ from mini_trainer.method import MethodContext
 from mini_trainer.models import support
 from mini_trainer.models.loading import load_sharded_weights
 from mini_trainer.models.moe import RouterStats, routing
+from mini_trainer.optimizer_options import bf16_compute
 from mini_trainer.training import context_attention, packed_attention
 from mini_trainer.training.attention import attention_needs, pick_attention
 from mini_trainer.training.compile import compile_layers
@@ -170,13 +171,19 @@ def meta_model(
     return CausalLMWithLoss(model, loss_fn)
 
 
-def shard_policy(is_cuda: bool, cpu_offload: bool) -> dict:
-    """`fully_shard` keywords: bf16 compute, fp32 master weights and gradient reduction on
-    CUDA; fp32 throughout on the CPU; parameters and gradients on the host with offload."""
+def shard_policy(is_cuda: bool, cpu_offload: bool, bf16_params: bool = False) -> dict:
+    """`fully_shard` keywords: bf16 compute with fp32 gradient reduction on CUDA; fp32 compute
+    and reduction on the CPU, bf16 parameters gathered as fp32 (`bf16_compute`); parameters and
+    gradients on the host with offload. The sharded weights and gradients keep their own dtype
+    (fp32, or bf16 with `--param-dtype bf16`)."""
     kwargs = {}
-    if is_cuda:
+    if bf16_compute(is_cuda):
         kwargs["mp_policy"] = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    elif bf16_params:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.float32, reduce_dtype=torch.float32
         )
     if cpu_offload:
         kwargs["offload_policy"] = CPUOffloadPolicy()
@@ -235,7 +242,7 @@ def build_model(
         compile_layers(decoder_layers(wrapped.model), attention, runtime.is_cuda, runtime.is_main)
     if spec.cpu_offload and not runtime.is_cuda:
         raise UserError("--cpu-offload: needs a CUDA device; this run is on the CPU already")
-    shard_kwargs = shard_policy(runtime.is_cuda, spec.cpu_offload)
+    shard_kwargs = shard_policy(runtime.is_cuda, spec.cpu_offload, spec.param_dtype == "bf16")
     for unit in fsdp_units(wrapped):
         fully_shard(unit, **shard_kwargs)
 
